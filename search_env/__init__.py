@@ -1,0 +1,20 @@
+"""SearchQA Gym: question answering with search as a token-level Gymnasium environment.
+
+``import search_env`` registers ``SearchQA-v0``; ``gym.make("SearchQA-v0", protocol=..., dataset=...,
+sources=..., tokenizer=...)`` builds a :class:`SearchQAEnv`.
+"""
+from gymnasium.envs.registration import register
+
+from search_env.env import SearchQAEnv
+from search_env.protocols import Protocol, available_protocols, get_protocol, register_protocol
+from search_env.sources.base import Passage, Source, SourceError
+from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
+from search_env.vector import BatchSearchQAEnv
+
+__all__ = [
+    "SearchQAEnv", "BatchSearchQAEnv", "Protocol", "register_protocol", "get_protocol", "available_protocols",
+    "Passage", "Source", "SourceError", "Trajectory", "AGENT", "ENVIRONMENT",
+]
+__version__ = "0.1.0"
+
+register(id="SearchQA-v0", entry_point="search_env.env:SearchQAEnv")

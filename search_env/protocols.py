@@ -1,0 +1,332 @@
+"""Protocols: the tag dialects of the seed systems, as data.
+
+A :class:`Protocol` says how the prompt looks, which tags open and close a search call and an answer,
+how a call's content becomes a query (or an NL-DAG plan), how results and errors are written back, and
+which reward preset scores the episode. The environment reads nothing else, so a new dialect is a new
+``Protocol`` passed to ``gym.make("SearchQA-v0", protocol=...)`` or registered by name with
+:func:`register_protocol`; the environment's code is untouched. The exact strings of the five built-ins
+come from ../shared/PROTOCOLS.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from search_env.sources.base import Passage
+
+__all__ = [
+    "Protocol",
+    "register_protocol",
+    "get_protocol",
+    "available_protocols",
+    "SEARCH_R1_INVALID_ACTION",
+]
+
+DocFormatter = Callable[[Sequence[Passage]], str]
+
+
+def _collapse(query: str) -> str:
+    return " ".join(query.split())
+
+
+def _r1_clean_query(query: str) -> str:
+    return _collapse(query.replace('"', ""))
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One tag dialect. Every field is plain data or a small function, so users can ``replace()`` one.
+
+    Attributes:
+        name: registry name, e.g. ``"search-r1"``.
+        call_open / call_close: the tags around a search call written by the agent.
+        answer_open / answer_close: the tags around the final answer; the close tag ends the episode.
+        result_open / result_close: the tags the environment writes around results (the agent writing
+            them itself is counted as an event).
+        user_template: user message, ``{question}`` is filled in.
+        system: optional system message (chat rendering) or preamble (plain rendering).
+        base_template: optional full plain-text prompt for base models; used when no chat template is used.
+        assistant_prefix: text appended after the rendered prompt (R1-Searcher opens ``<think>`` for the model).
+        question_rule: turns the raw question into what the template receives.
+        clean_query: turns the text between the call tags into the query sent to the source.
+        call_kind: ``"query"`` (one query) or ``"dag"`` (an NL-DAG plan of sub-queries).
+        result_prefix / result_suffix: written before / after the formatted documents.
+        format_docs: formats the retrieved passages of one query.
+        empty_results_text: what stands between the result tags when nothing was found.
+        error_template: error observation; ``{message}`` is filled in. Masked like results.
+        invalid_action_text: observation for a close tag with no open tag in the turn (None: use error_template).
+        empty_query_ends_episode: R1-Searcher ends the episode on an empty query.
+        top_k: passages per query.
+        max_turns: searches allowed per episode (None: unlimited; a further call gets an error observation).
+        reward: reward preset name in :mod:`rewards`.
+        reward_options: keyword options for that preset.
+        untrained_agent_spans: (open, close) pairs of agent-written spans that are not trained on.
+        default_eos_string: the EOS text the reward's "solution" uses when the tokenizer has none of its own.
+        stop_strings: where an LLM rollout should stop generating and hand the chunk to the environment.
+    """
+
+    name: str
+    call_open: str
+    call_close: str
+    result_open: str
+    result_close: str
+    user_template: str
+    answer_open: str = "<answer>"
+    answer_close: str = "</answer>"
+    system: str | None = None
+    base_template: str | None = None
+    assistant_prefix: str = ""
+    question_rule: Callable[[str], str] = str.strip
+    clean_query: Callable[[str], str] = _collapse
+    call_kind: str = "query"
+    result_prefix: str = ""
+    result_suffix: str = ""
+    format_docs: DocFormatter = lambda passages: "".join(f"({p.title}) {p.text}\n" for p in passages)
+    empty_results_text: str = ""
+    error_template: str = "{message}"
+    invalid_action_text: str | None = None
+    empty_query_ends_episode: bool = False
+    top_k: int = 3
+    max_turns: int | None = 10
+    reward: str = "search-r1"
+    reward_options: dict[str, Any] = field(default_factory=dict)
+    untrained_agent_spans: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for attr in ("call_open", "call_close", "answer_open", "answer_close"):
+            if not getattr(self, attr):
+                raise ValueError(f"protocol {self.name!r}: {attr} must be a non-empty string")
+        if self.call_kind not in ("query", "dag"):
+            raise ValueError(f"protocol {self.name!r}: call_kind must be 'query' or 'dag', not {self.call_kind!r}")
+        if self.top_k < 1:
+            raise ValueError(f"protocol {self.name!r}: top_k must be >= 1")
+
+    @property
+    def stop_strings(self) -> tuple[str, str]:
+        return (self.call_close, self.answer_close)
+
+    def with_options(self, **changes: Any) -> "Protocol":
+        """A copy with some fields changed (e.g. ``top_k=5`` for evaluation)."""
+        return replace(self, **changes)
+
+    # -- rendering -------------------------------------------------------------------------------
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """Chat messages for ``question``: the system message (if any) and the user message."""
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages.append({"role": "user", "content": self.user_template.format(question=self.question_rule(question))})
+        return messages
+
+    def plain_prompt(self, question: str) -> str:
+        """The prompt without a chat template (base models, and tokenizers without one)."""
+        q = self.question_rule(question)
+        if self.base_template is not None:
+            return self.base_template.format(question=q)
+        body = self.user_template.format(question=q)
+        return (f"{self.system}\n\n{body}" if self.system else body) + self.assistant_prefix
+
+    def results_text(self, passages: Sequence[Passage]) -> str:
+        """The whole observation appended after a successful call."""
+        docs = self.format_docs(passages) if passages else self.empty_results_text
+        return f"{self.result_prefix}{docs}{self.result_suffix}"
+
+    def error_text(self, message: str) -> str:
+        """An error observation (empty query, budget exhausted, source failure, invalid plan...)."""
+        return self.error_template.format(message=message)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The five seed systems (strings from ../shared/PROTOCOLS.md)
+
+SEARCH_R1_INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+_SEARCH_R1_PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
+    "get new information. After reasoning, if you find you lack some knowledge, you can call a search engine "
+    "by <search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
+    "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+def _search_r1_question(question: str) -> str:
+    question = question.strip()
+    return question if question.endswith("?") else question + "?"
+
+
+SEARCH_R1 = Protocol(
+    name="search-r1",
+    call_open="<search>",
+    call_close="</search>",
+    result_open="<information>",
+    result_close="</information>",
+    user_template=_SEARCH_R1_PROMPT,
+    question_rule=_search_r1_question,
+    result_prefix="\n\n<information>",
+    result_suffix="</information>\n\n",
+    format_docs=lambda ps: "".join(f"Doc {i}(Title: {p.title}) {p.text}\n" for i, p in enumerate(ps, 1)),
+    error_template="\n\n<information>{message}</information>\n\n",
+    invalid_action_text=SEARCH_R1_INVALID_ACTION,
+    top_k=3,
+    max_turns=10,
+    reward="search-r1",
+)
+
+_R1_INSTRUCTION = (
+    "The User asks a question, and the Assistant solves it. The Assistant first thinks about the reasoning "
+    "process in the mind and then provides the User with the final answer. The output format of reasoning "
+    'process and final answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, '
+    'i.e., "<think> reasoning process here </think><answer> final answer here </answer>". During the thinking '
+    "process, the Assistant can perform searching for uncertain knowledge if necessary with the format of "
+    '"<|begin_of_query|> search query (only list keywords, such as "keyword_1 keyword_2 ...")<|end_of_query|>". '
+    "A query must involve only a single triple. Then, the search system will provide the Assistant with the "
+    'retrieval information with the format of "<|begin_of_documents|> ...search results... <|end_of_documents|>".'
+)
+
+R1_SEARCHER = Protocol(
+    name="r1-searcher",
+    call_open="<|begin_of_query|>",
+    call_close="<|end_of_query|>",
+    result_open="<|begin_of_documents|>",
+    result_close="<|end_of_documents|>",
+    system=_R1_INSTRUCTION,
+    user_template="{question}",
+    base_template=_R1_INSTRUCTION + "\n\nUser:{question}\nAssistant: <think>",
+    assistant_prefix="<think>",
+    clean_query=_r1_clean_query,
+    result_prefix="\n\n<|begin_of_documents|>\n",
+    result_suffix="<|end_of_documents|>\n\n",
+    format_docs=lambda ps: "".join(f"({i}){p.title}\n{p.text}\n" for i, p in enumerate(ps, 1)),
+    empty_results_text="None",
+    error_template="\n\n<|begin_of_documents|>\n{message}<|end_of_documents|>\n\n",
+    empty_query_ends_episode=True,
+    top_k=3,
+    max_turns=8,
+    reward="r1-searcher",
+)
+
+_RESEARCH_INSTRUCTION = (
+    "A conversation between User and Assistant. The user asks a question, and the assistant solves it. The "
+    "assistant first thinks about the reasoning process in the mind and then provides the user with the "
+    "answer. During thinking, the assistant can invoke the wikipedia search tool to search for fact "
+    "information about specific topics if needed. The reasoning process and answer are enclosed within "
+    "<think> </think> and <answer> </answer> tags respectively, and the search query and result are enclosed "
+    "within <search> </search> and <result> </result> tags respectively. For example, <think> This is the "
+    "reasoning process. </think> <search> search query here </search> <result> search result here </result> "
+    "<think> This is the reasoning process. </think> <answer> The final answer is \\[ \\boxed{{answer here}} "
+    "\\] </answer>. In the last part of the answer, the final exact answer is enclosed within \\boxed{{}} with "
+    "latex format."
+)
+
+RESEARCH = Protocol(
+    name="research",
+    call_open="<search>",
+    call_close="</search>",
+    result_open="<result>",
+    result_close="</result>",
+    system=_RESEARCH_INSTRUCTION.replace("{{", "{").replace("}}", "}"),
+    user_template="{question}",
+    base_template=_RESEARCH_INSTRUCTION + " User: {question}. Assistant:",
+    result_prefix=" <result>\n",
+    result_suffix="\n</result>",
+    format_docs=lambda ps: "\n\n".join(f"{p.title}\n{p.text}" for p in ps),
+    error_template=" <result>\n{message}\n</result>",
+    top_k=5,
+    max_turns=None,
+    reward="research",
+)
+
+_R_SEARCH_SYSTEM = (
+    "You are a helpful assistant that can solve the given question step by step. For each step, start by "
+    "explaining your thought process. If additional information is needed, provide a specific query enclosed "
+    "in <search> and </search>. The system will return the top search results within <observation> and "
+    "</observation>. You can perform multiple searches as needed.\nWhen you know the final answer, use "
+    "<original_evidence> and </original_evidence> to provide all potentially relevant original information "
+    "from the observations. Ensure the information is complete and preserves the original wording without "
+    "modification. If no searches were conducted or observations were made, omit the evidence section. "
+    "Finally, provide the final answer within <answer> and </answer> tags."
+)
+
+R_SEARCH = Protocol(
+    name="r-search",
+    call_open="<search>",
+    call_close="</search>",
+    result_open="<observation>",
+    result_close="</observation>",
+    system=_R_SEARCH_SYSTEM,
+    user_template="{question}",
+    result_prefix="\n\n<observation>",
+    result_suffix="</observation>\n\n",
+    format_docs=lambda ps: "".join(f"(Title: {p.title}) {p.text}\n" for p in ps),
+    error_template="\n\n<observation>{message}</observation>\n\n",
+    top_k=3,
+    max_turns=4,
+    reward="r-search",
+)
+
+_REASONING_SEARCH_SYSTEM = (
+    "Answer the user's question by planning searches. Write exactly four sections, in this order: "
+    "<think> your reasoning </think>, then <search> a search plan </search>, then wait: the system fills in "
+    "<result> ... </result> (never write <result> yourself), then <answer> the final answer </answer>.\n"
+    "The search plan is a graph of sub-queries. Write a line 'Nodes:' followed by one line per node, "
+    "'Label: sub-query (Tool)', where Label is one capital letter, the sub-query has at most 10 words and Tool "
+    "is General (web search), News (news articles) or Academy (papers; use English keywords). Then write a "
+    "line 'Edges:' followed by edges 'A -> B' (B needs the answer of A), several separated by ';'. Use at most "
+    "8 nodes, edges only between declared nodes, no self-loops and no cycles. Use no other tags and no "
+    "Markdown.\nExample plan:\nNodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\n"
+    "C: new US tariff list commodities 2024 (News)\nEdges:\nA -> B ; C -> B"
+)
+
+
+def _dag_docs(passages: Sequence[Passage]) -> str:
+    return "".join(f"Doc {i}(Title: {p.title}) {p.text}\n" for i, p in enumerate(passages, 1))
+
+
+REASONING_SEARCH = Protocol(
+    name="reasoning-search",
+    call_open="<search>",
+    call_close="</search>",
+    result_open="<result>",
+    result_close="</result>",
+    system=_REASONING_SEARCH_SYSTEM,
+    user_template="{question}",
+    call_kind="dag",
+    result_prefix="\n<result>\n",
+    result_suffix="</result>\n",
+    format_docs=_dag_docs,
+    empty_results_text="No results.\n",
+    error_template="\n<result>\n{message}\n</result>\n",
+    top_k=3,
+    max_turns=1,
+    reward="reasoning-search",
+)
+
+_REGISTRY: dict[str, Protocol] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}
+
+
+def register_protocol(protocol: Protocol, *, overwrite: bool = False) -> Protocol:
+    """Make ``protocol`` available by name to ``gym.make("SearchQA-v0", protocol=name)``."""
+    if protocol.name in _REGISTRY and not overwrite:
+        raise ValueError(f"a protocol named {protocol.name!r} is already registered (pass overwrite=True)")
+    _REGISTRY[protocol.name] = protocol
+    return protocol
+
+
+def get_protocol(protocol: str | Protocol) -> Protocol:
+    """The registered protocol of that name (or ``protocol`` itself when it already is one)."""
+    if isinstance(protocol, Protocol):
+        return protocol
+    try:
+        return _REGISTRY[protocol]
+    except KeyError:
+        raise KeyError(f"unknown protocol {protocol!r}; available: {', '.join(available_protocols())}") from None
+
+
+def available_protocols() -> list[str]:
+    """Names of every registered protocol."""
+    return sorted(_REGISTRY)
+

@@ -1,0 +1,139 @@
+"""Many SearchQA episodes stepped together, with each source answering one batch per round.
+
+An LLM rollout generates for a whole batch of prompts at once and hands every episode its chunk. The
+episodes' search calls are gathered: every source receives all pending queries in one ``search`` call
+(one BM25 pass, one encoder batch, one HTTP request), and NL-DAG plans of different episodes run on
+worker threads side by side. An episode whose chunk runs past its call continues once the results are
+in, and may issue another call in a later round of the same ``step``.
+
+This is a documented batch environment rather than a ``gymnasium.vector.VectorEnv``: observations are
+variable-length token arrays, and episodes end at different times, so ``step`` takes ``None`` for a
+finished episode instead of auto-resetting it.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+from search_env.env import PlanRequest, SearchQAEnv, SearchRequest
+
+__all__ = ["BatchSearchQAEnv"]
+
+
+class BatchSearchQAEnv:
+    """``num_envs`` :class:`SearchQAEnv` episodes that share their tokenizer, data and sources.
+
+    Args:
+        num_envs: how many episodes run side by side.
+        **env_kwargs: passed to :class:`SearchQAEnv` (built once; the others share its examples,
+            sources and tokenizer, so the synthetic world and its indexes are built only once).
+    """
+
+    def __init__(self, num_envs: int, **env_kwargs: Any) -> None:
+        if num_envs < 1:
+            raise ValueError("num_envs must be >= 1")
+        first = SearchQAEnv(**env_kwargs)
+        shared = dict(env_kwargs, dataset=first.examples, sources=first.sources, tokenizer=first.codec)
+        shared.setdefault("default_source", first.default_source)
+        shared.setdefault("source_aliases", first.source_aliases)
+        self.envs = [first] + [SearchQAEnv(**shared) for _ in range(num_envs - 1)]
+        self.num_envs = num_envs
+        self.single_action_space = first.action_space
+        self.single_observation_space = first.observation_space
+        self._pool: ThreadPoolExecutor | None = None
+
+    def reset(self, *, seed: int | None = None, options: Sequence[dict | None] | dict | None = None):
+        """Reset every episode (episode ``i`` gets seed ``seed + i``); ``options`` may be one dict per
+        episode (e.g. ``{"index": i}``). Returns lists of observations and infos."""
+        per_env = options if isinstance(options, (list, tuple)) else [options] * self.num_envs
+        results = [
+            env.reset(seed=None if seed is None else seed + i, options=per_env[i]) for i, env in enumerate(self.envs)
+        ]
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def step(self, actions: Sequence[int | Sequence[int] | None]):
+        """Feed each episode a token id or chunk (``None`` for a finished episode, which is left alone).
+
+        Returns lists of observations and infos, and arrays of rewards, terminated and truncated flags.
+        """
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        episodes: dict[int, Any] = {}
+        starts: dict[int, tuple[int, bool]] = {}
+        for i, (env, action) in enumerate(zip(self.envs, actions)):
+            if action is None:
+                continue
+            if env._done:
+                raise RuntimeError(f"episode {i} has ended: pass None as its action, or reset it")
+            ids, chunk = env._action_ids(action)
+            starts[i] = (len(env._ids), chunk)
+            episodes[i] = env._advance(ids)
+        pending = {i: _next(ep, None) for i, ep in episodes.items()}
+        pending = {i: r for i, r in pending.items() if r is not _DONE}
+        while pending:
+            answers = self._answer_round(pending)
+            pending = {i: _next(episodes[i], answers[i]) for i in pending}
+            pending = {i: r for i, r in pending.items() if r is not _DONE}
+
+        observations, infos = [], []
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        for i, env in enumerate(self.envs):
+            if i not in starts:
+                empty = np.zeros(0, dtype=np.int64)
+                observations.append({"token_ids": empty, "producers": empty})
+                infos.append({})
+                terminated[i], truncated[i] = env._done and env._terminated, env._done and env._truncated
+                continue
+            start, chunk = starts[i]
+            obs, rewards[i], terminated[i], truncated[i], info = env._step_result(start, env._consumed if chunk else None)
+            observations.append(obs)
+            infos.append(info)
+        return observations, rewards, terminated, truncated, infos
+
+    def _answer_round(self, pending: dict[int, Any]) -> dict[int, Any]:
+        """Answer one round of requests: one batched call per source, plans side by side on threads."""
+        answers: dict[int, Any] = {}
+        by_source: dict[tuple[int, str], list[int]] = defaultdict(list)
+        plans: list[int] = []
+        for i, request in pending.items():
+            if isinstance(request, SearchRequest):
+                source = self.envs[i].sources[request.source]
+                by_source[(id(source), request.source)].append(i)
+            elif isinstance(request, PlanRequest):
+                plans.append(i)
+            else:
+                raise TypeError(f"unknown request {request!r}")
+        if plans:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="searchqa-plans")
+            futures = {i: self._pool.submit(self.envs[i].run_plan, pending[i]) for i in plans}
+        for (_, name), members in by_source.items():
+            env = self.envs[members[0]]
+            k = max(pending[i].k for i in members)
+            results = env.search_batch(name, [pending[i].query for i in members], k)
+            for i, result in zip(members, results):
+                answers[i] = result if isinstance(result, BaseException) else result[: pending[i].k]
+        if plans:
+            for i, future in futures.items():
+                answers[i] = future.result()
+        return answers
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.envs[0].close()
+
+
+_DONE = object()
+
+
+def _next(episode: Any, value: Any) -> Any:
+    try:
+        return episode.send(value) if value is not None else next(episode)
+    except StopIteration:
+        return _DONE

