@@ -36,6 +36,7 @@ from search_env.trajectory import AGENT, ENVIRONMENT, Span, ToolCall, Trajectory
 __all__ = ["SearchQAEnv", "SearchRequest", "PlanRequest"]
 
 MAX_QUERY_CHARS = 1000  #: longer queries are cut (and counted) before they reach a source
+_AGENT_ONLY = (AGENT,)
 
 
 @dataclass
@@ -82,7 +83,7 @@ class SearchQAEnv(gym.Env):
         world_seed / world_size: seed and question count of the synthetic world.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(
         self,
@@ -134,8 +135,8 @@ class SearchQAEnv(gym.Env):
         self.action_space = spaces.Discrete(vocab)
         self.observation_space = spaces.Dict(
             {
-                "token_ids": spaces.Sequence(spaces.Discrete(vocab), stack=True),
-                "producers": spaces.Sequence(spaces.Discrete(2), stack=True),
+                "token_ids": spaces.Sequence(spaces.Discrete(vocab)),
+                "producers": spaces.Sequence(spaces.Discrete(2)),
             }
         )
         self._vocab = vocab
@@ -147,9 +148,6 @@ class SearchQAEnv(gym.Env):
         # One pass over the vocabulary: which ids may complete a watched tag, and which need attention.
         self._may_close = [any(b in finals for b in tb) for tb in self._tok_bytes]
         self._attention = [mc or (i in self._eos) for i, mc in enumerate(self._may_close)]
-        self._echo_ids: dict[int, np.ndarray] = {}
-        self._agent_flag = np.ones(1, dtype=np.int64)
-        self._agent_flag.setflags(write=False)
         self._done = True
         self._traj: Trajectory | None = None
 
@@ -182,6 +180,7 @@ class SearchQAEnv(gym.Env):
         self._n_new = 0
         self._n_searches = 0
         self._step_events: list[dict[str, Any]] = []
+        self._answer_at: tuple[int, int] | None = None
         self._counters = {
             "searches": 0, "invalid_calls": 0, "empty_queries": 0, "budget_exhausted_calls": 0,
             "calls_inside_answer": 0, "source_errors": 0, "invalid_plans": 0, "queries_cut": 0,
@@ -194,7 +193,7 @@ class SearchQAEnv(gym.Env):
         )
         self._traj.counters = self._counters
         self._done = False
-        obs = {"token_ids": np.asarray(prompt_ids, dtype=np.int64), "producers": np.zeros(len(prompt_ids), dtype=np.int64)}
+        obs = {"token_ids": tuple(prompt_ids), "producers": (ENVIRONMENT,) * len(prompt_ids)}
         return obs, {"question": example.question, "example_id": example.id, "prompt_length": len(prompt_ids)}
 
     def step(self, action: int | Sequence[int]):
@@ -219,11 +218,7 @@ class SearchQAEnv(gym.Env):
                 self._ends.append(len(self._buf))
                 self._n_new += 1
                 if self._n_new < self.max_new_tokens and len(self._ids) < self.max_context:
-                    echo = self._echo_ids.get(a)
-                    if echo is None:
-                        echo = self._echo_ids[a] = np.array([a], dtype=np.int64)
-                        echo.setflags(write=False)
-                    return {"token_ids": echo, "producers": self._agent_flag}, 0.0, False, False, {}
+                    return {"token_ids": (a,), "producers": _AGENT_ONLY}, 0.0, False, False, {}
                 start = len(self._ids) - 1
                 self._finish("max_new_tokens" if self._n_new >= self.max_new_tokens else "max_context", truncated=True)
                 return self._step_result(start, None)
@@ -261,6 +256,11 @@ class SearchQAEnv(gym.Env):
         return self.protocol.plain_prompt(question)
 
     @property
+    def response_text(self) -> str:
+        """Everything after the prompt so far: agent text and the observations inserted into it."""
+        return self._buf[self._prompt_bytes :].decode("utf-8", errors="replace")
+
+    @property
     def trajectory(self) -> Trajectory:
         """The current (or last) episode's record."""
         if self._traj is None:
@@ -272,6 +272,7 @@ class SearchQAEnv(gym.Env):
     def _advance(self, ids: Sequence[int]) -> Episode:
         self._consumed = 0
         self._step_events: list[dict[str, Any]] = []
+        self._answer_at: tuple[int, int] | None = None
         n = len(ids)
         i = 0
         while i < n and not self._done:
@@ -371,7 +372,12 @@ class SearchQAEnv(gym.Env):
             self._insert(p.invalid_action_text or p.error_text(f"{p.answer_close} without {p.answer_open}"), "error", "invalid_answer")
             return
         self._add_span("answer", opened, at + len(p.answer_close))
-        self._finish("answer", truncated=False)
+        if self._answer_at is None:
+            self._answer_at = (opened + len(p.answer_open), at)
+        if p.answer_ends_episode:
+            self._finish("answer", truncated=False)
+        else:
+            self._event("answer")
 
     def _close_call(self, at: int) -> Episode:
         p = self.protocol
@@ -500,8 +506,10 @@ class SearchQAEnv(gym.Env):
         if truncated and self._buf.rfind(p.call_open.encode(), self._turn_start) > self._buf.rfind(p.call_close.encode(), self._turn_start):
             self._counters["unterminated_calls"] += 1
         traj.end_reason = reason
-        traj.response_text = self._buf[self._prompt_bytes :].decode("utf-8", errors="replace")
-        traj.answer = self._answer_text() if reason == "answer" else None
+        traj.response_text = self.response_text
+        if self._answer_at is not None:
+            begin, end = self._answer_at
+            traj.answer = self._buf[begin:end].decode("utf-8", errors="replace").strip()
         traj.trained = self._trained_mask()
         ended_with_eos = reason == "eos"
         result = rewards.score(
@@ -511,12 +519,6 @@ class SearchQAEnv(gym.Env):
         traj.reward = float(result.total)
         traj.reward_components = dict(result.components)
         self._event("end")
-
-    def _answer_text(self) -> str:
-        p = self.protocol
-        close = self._buf.rfind(p.answer_close.encode())
-        opened = self._buf.rfind(p.answer_open.encode(), self._turn_start, close)
-        return self._buf[opened + len(p.answer_open) : close].decode("utf-8", errors="replace").strip()
 
     def _trained_mask(self) -> bytearray:
         """Agent tokens are trained on, observations are not; a protocol may exclude agent spans."""
@@ -558,8 +560,7 @@ class SearchQAEnv(gym.Env):
             return exc
 
     def _step_result(self, start: int, consumed: int | None):
-        ids = np.asarray(self._ids[start:], dtype=np.int64)
-        producers = np.frombuffer(bytes(self._producers[start:]), dtype=np.uint8).astype(np.int64)
+        ids, producers = tuple(self._ids[start:]), tuple(self._producers[start:])
         info: dict[str, Any] = {} if consumed is None else {"consumed": consumed}
         if self._step_events:
             info["events"] = list(self._step_events)

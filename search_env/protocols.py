@@ -56,6 +56,8 @@ class Protocol:
         error_template: error observation; ``{message}`` is filled in. Masked like results.
         invalid_action_text: observation for a close tag with no open tag in the turn (None: use error_template).
         empty_query_ends_episode: R1-Searcher ends the episode on an empty query.
+        answer_ends_episode: the answer's close tag ends the episode (ReSearch instead runs on to the
+            end-of-sequence token, which its reward requires).
         top_k: passages per query.
         max_turns: searches allowed per episode (None: unlimited; a further call gets an error observation).
         reward: reward preset name in :mod:`rewards`.
@@ -86,6 +88,7 @@ class Protocol:
     error_template: str = "{message}"
     invalid_action_text: str | None = None
     empty_query_ends_episode: bool = False
+    answer_ends_episode: bool = True
     top_k: int = 3
     max_turns: int | None = 10
     reward: str = "search-r1"
@@ -102,8 +105,9 @@ class Protocol:
             raise ValueError(f"protocol {self.name!r}: top_k must be >= 1")
 
     @property
-    def stop_strings(self) -> tuple[str, str]:
-        return (self.call_close, self.answer_close)
+    def stop_strings(self) -> tuple[str, ...]:
+        """Where a rollout engine should stop generating (besides the EOS token)."""
+        return (self.call_close, self.answer_close) if self.answer_ends_episode else (self.call_close,)
 
     def with_options(self, **changes: Any) -> "Protocol":
         """A copy with some fields changed (e.g. ``top_k=5`` for evaluation)."""
@@ -235,6 +239,7 @@ RESEARCH = Protocol(
     result_suffix="\n</result>",
     format_docs=lambda ps: "\n\n".join(f"{p.title}\n{p.text}" for p in ps),
     error_template=" <result>\n{message}\n</result>",
+    answer_ends_episode=False,
     top_k=5,
     max_turns=None,
     reward="research",

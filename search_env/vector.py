@@ -84,8 +84,7 @@ class BatchSearchQAEnv:
         truncated = np.zeros(self.num_envs, dtype=bool)
         for i, env in enumerate(self.envs):
             if i not in starts:
-                empty = np.zeros(0, dtype=np.int64)
-                observations.append({"token_ids": empty, "producers": empty})
+                observations.append({"token_ids": (), "producers": ()})
                 infos.append({})
                 terminated[i], truncated[i] = env._done and env._terminated, env._done and env._truncated
                 continue

@@ -41,8 +41,8 @@ class FixedWindowObservation(gym.ObservationWrapper):
         self._mask[:] = 0
         return super().reset(**kwargs)
 
-    def observation(self, observation: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        new_ids, new_producers = observation["token_ids"], observation["producers"]
+    def observation(self, observation: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        new_ids, new_producers = np.asarray(observation["token_ids"]), np.asarray(observation["producers"])
         n = min(len(new_ids), self.window)
         if n:
             for buf, new in ((self._ids, new_ids), (self._producers, new_producers), (self._mask, None)):

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 
 class FullContextObservation(gym.ObservationWrapper):
@@ -16,14 +15,14 @@ class FullContextObservation(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        self._ids: list[np.ndarray] = []
-        self._producers: list[np.ndarray] = []
+        self._ids: list[int] = []
+        self._producers: list[int] = []
 
     def reset(self, **kwargs: Any):
         self._ids, self._producers = [], []
         return super().reset(**kwargs)
 
-    def observation(self, observation: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self._ids.append(observation["token_ids"])
-        self._producers.append(observation["producers"])
-        return {"token_ids": np.concatenate(self._ids), "producers": np.concatenate(self._producers)}
+    def observation(self, observation: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        self._ids.extend(observation["token_ids"])
+        self._producers.extend(observation["producers"])
+        return {"token_ids": tuple(self._ids), "producers": tuple(self._producers)}

@@ -1,0 +1,125 @@
+"""Each built-in protocol round-trips a scripted episode with the exact token masks expected."""
+from __future__ import annotations
+
+import pytest
+
+from search_env import AGENT, ENVIRONMENT, Protocol, available_protocols, get_protocol, register_protocol
+from search_env.data.example import QAExample
+from search_env.env import SearchQAEnv
+from tests.conftest import CountingSource
+
+EXAMPLE = QAExample("q1", "Who founded Zarbo", ["Bob Smith"])
+
+# (protocol, agent text before the call's close, what the environment must append, agent text after)
+# The appended text is written out literally from ../shared/PROTOCOLS.md, not taken from the code.
+DOCS_R1 = "Doc 1(Title: T0 zarbo founder) text 0 about zarbo founder\nDoc 2(Title: T1 zarbo founder) text 1 about zarbo founder\nDoc 3(Title: T2 zarbo founder) text 2 about zarbo founder\n"
+CASES = [
+    (
+        "search-r1",
+        "<think> I need the founder. </think><search> zarbo founder </search>",
+        "\n\n<information>" + DOCS_R1 + "</information>\n\n",
+        "<think> found </think><answer> Bob Smith </answer>",
+    ),
+    (
+        "r1-searcher",
+        ' I search. </think><|begin_of_query|> "zarbo"   founder <|end_of_query|>',
+        "\n\n<|begin_of_documents|>\n(1)T0 zarbo founder\ntext 0 about zarbo founder\n(2)T1 zarbo founder\ntext 1 about zarbo founder\n"
+        "(3)T2 zarbo founder\ntext 2 about zarbo founder\n<|end_of_documents|>\n\n",
+        "<answer> Bob Smith </answer>",
+    ),
+    (
+        "research",
+        "<think> search </think> <search> zarbo founder </search>",
+        " <result>\n" + "\n\n".join(f"T{i} zarbo founder\ntext {i} about zarbo founder" for i in range(5)) + "\n</result>",
+        " <think> ok </think> <answer> The final answer is \\[ \\boxed{Bob Smith} \\] </answer>",
+    ),
+    (
+        "r-search",
+        "I should look it up. <search> zarbo founder </search>",
+        "\n\n<observation>" + "".join(f"(Title: T{i} zarbo founder) text {i} about zarbo founder\n" for i in range(3)) + "</observation>\n\n",
+        "<original_evidence> text 0 about zarbo founder </original_evidence><answer> Bob Smith </answer>",
+    ),
+]
+
+
+def scripted(tokenizer, protocol, before, appended, after, **kwargs):
+    env = SearchQAEnv(protocol, dataset=[EXAMPLE], sources=CountingSource(), tokenizer=tokenizer, **kwargs)
+    obs, _ = env.reset(seed=0)
+    codec = env.codec
+    a, b = codec.encode(before), codec.encode(after)
+    if not env.protocol.answer_ends_episode:  # ReSearch runs on to the EOS token its reward requires
+        b = b + [min(codec.eos_ids)]
+    for t in a:
+        env.step(t)
+    _, reward, terminated, truncated, info = env.step(b)
+    return env, codec, a, b, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("protocol,before,appended,after", CASES, ids=[c[0] for c in CASES])
+def test_scripted_episode_masks_and_text(split_tag_tokenizer, protocol, before, appended, after):
+    env, codec, a, b, reward, terminated, truncated, info = scripted(split_tag_tokenizer, protocol, before, appended, after)
+    traj = env.trajectory
+    env_ids = codec.encode(appended)
+    p = traj.prompt_length
+    assert traj.token_ids[p:] == a + env_ids + b, "agent ids must be kept as sampled; results tokenised once"
+    assert list(traj.producers) == [ENVIRONMENT] * p + [AGENT] * len(a) + [ENVIRONMENT] * len(env_ids) + [AGENT] * len(b)
+    assert list(traj.trained) == [0] * p + [1] * len(a) + [0] * len(env_ids) + [1] * len(b)
+    assert traj.response_text == before + appended + after
+    assert terminated and not truncated and traj.end_reason == ("answer" if env.protocol.answer_ends_episode else "eos")
+    assert traj.answer is not None and "Bob Smith" in traj.answer
+    assert reward > 0, f"a correct answer must be rewarded under {protocol}: {traj.reward_components}"
+    assert [s.kind for s in traj.spans] == ["call", "result", "answer"]
+    result = traj.spans[1]
+    assert (result.start, result.end) == (p + len(a), p + len(a) + len(env_ids))
+    call = traj.tool_calls[0]
+    assert call.content == "zarbo founder" and call.k == get_protocol(protocol).top_k
+
+
+def test_prompt_follows_the_protocol_text(split_tag_tokenizer):
+    env = SearchQAEnv("search-r1", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=split_tag_tokenizer)
+    assert env.render_prompt(" Who founded Zarbo ").endswith("For example, <answer> Beijing </answer>. Question: Who founded Zarbo?\n")
+    r1 = SearchQAEnv("r1-searcher", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=split_tag_tokenizer)
+    assert r1.render_prompt("Q").endswith("\n\nUser:Q\nAssistant: <think>")
+
+
+def test_r_search_evidence_is_trained_and_a_protocol_can_exclude_a_span(split_tag_tokenizer):
+    env, codec, a, b, *_ = scripted(split_tag_tokenizer, *CASES[3])
+    assert all(env.trajectory.trained[-len(b):]), "R-Search's evidence is agent text and is trained on"
+    quiet = get_protocol("search-r1").with_options(name="search-r1-quiet-think", untrained_agent_spans=(("<think>", "</think>"),))
+    env, codec, a, b, *_ = scripted(split_tag_tokenizer, quiet, *CASES[0][1:])
+    traj = env.trajectory
+    think_ids = codec.encode("<think> I need the founder. </think>")
+    p = traj.prompt_length
+    assert not any(traj.trained[p : p + len(think_ids) - 1]), "the think span must be excluded from training"
+    assert traj.trained[p + len(a) - 1] == 1, "the search call stays trained"
+
+
+def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_tokenizer):
+    custom = Protocol(
+        name="bracket-tools", call_open="[[search:", call_close="]]", result_open="{{", result_close="}}",
+        answer_open="[[answer:", answer_close="]]!", user_template="Q: {question}\n", result_prefix="{{",
+        result_suffix="}}", format_docs=lambda ps: "|".join(p.title for p in ps), top_k=2, reward="search-r1",
+    )
+    register_protocol(custom, overwrite=True)
+    assert "bracket-tools" in available_protocols()
+    env = SearchQAEnv("bracket-tools", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=split_tag_tokenizer)
+    env.reset(seed=0)
+    env.step(env.codec.encode("[[search: zarbo ]]"))
+    assert env.response_text.endswith("{{T0 zarbo|T1 zarbo}}")
+    with pytest.raises(ValueError):
+        register_protocol(custom)
+
+
+def test_chat_template_renders_the_prompt_when_the_tokenizer_has_one(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    raw = Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1, "a": 2}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>", unk_token="<unk>")
+    hf.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    env = SearchQAEnv("r-search", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=hf)
+    prompt = env.render_prompt("Who?")
+    assert prompt.startswith("<system>You are a helpful assistant") and prompt.endswith("<user>Who?<assistant>")
+    plain = SearchQAEnv("r-search", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=hf, chat_template=False)
+    assert "<user>" not in plain.render_prompt("Who?")
