@@ -1,0 +1,173 @@
+"""Scripted agents: baselines and the test harness, driving the environment through its public API.
+
+Each agent writes text in the protocol's own dialect (:class:`DialectWriter`) and hands it to the
+environment as a chunk of token ids, exactly like an LLM rollout that stops at the protocol's stop
+strings. They differ in what they write:
+
+* :class:`OracleAgent` follows the synthetic world's gold decomposition (one search per sub-question,
+  parents' gold answers substituted) and answers with the gold answer: the ceiling of a protocol and
+  a check that the environment, sources and reward agree;
+* :class:`RetrieveThenAnswerAgent` searches the question once and answers with the top passage's title;
+* :class:`NoSearchAgent` answers at once from the question alone.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol as TypingProtocol
+
+from search_env.data.example import QAExample
+from search_env.protocols import Protocol
+from search_env.trajectory import Trajectory
+
+__all__ = ["DialectWriter", "ScriptedAgent", "OracleAgent", "RetrieveThenAnswerAgent", "NoSearchAgent", "run_episode"]
+
+_DAG_TOOLS = {"wiki": "General", "news": "News", "papers": "Academy"}
+
+
+@dataclass(frozen=True)
+class DialectWriter:
+    """Writes thoughts, calls and answers the way a protocol's model is trained to."""
+
+    protocol: Protocol
+
+    def think(self, text: str) -> str:
+        # R1-Searcher's prompt opens <think> once, and searches happen inside it (closed by the
+        # answer); R-Search has no think tag.
+        if self.protocol.name in ("r1-searcher", "r-search"):
+            return f"{text} "
+        return f"<think> {text} </think>"
+
+    def call(self, query: str) -> str:
+        return f"{self.protocol.call_open} {query} {self.protocol.call_close}"
+
+    def plan(self, nodes: list[tuple[str, str, str | None]], edges: list[tuple[str, str]]) -> str:
+        """An NL-DAG call: ``nodes`` are (label, query, source name or None)."""
+        lines = ["Nodes:"] + [f"{label}: {query} ({_DAG_TOOLS.get(source or 'wiki', 'General')})" for label, query, source in nodes]
+        lines += ["Edges:", " ; ".join(f"{u} -> {v}" for u, v in edges)] if edges else []
+        return f"{self.protocol.call_open}\n" + "\n".join(lines) + f"\n{self.protocol.call_close}"
+
+    def answer(self, answer: str, evidence: str | None = None) -> str:
+        p = self.protocol
+        body = f"The final answer is \\[ \\boxed{{{answer}}} \\]" if p.name == "research" else answer
+        text = f"{p.answer_open} {body} {p.answer_close}"
+        if p.name == "r1-searcher":
+            text = "</think>" + text
+        if p.name == "r-search" and evidence:
+            text = f"<original_evidence> {evidence} </original_evidence>" + text
+        return text
+
+
+class ScriptedAgent(TypingProtocol):
+    """What :func:`run_episode` needs of an agent: ``start`` sees the example (only an oracle may
+    look past the question), ``next_text`` returns the next chunk given the last observation's text
+    (None or "" to stop, which sends the end-of-sequence token)."""
+
+    def start(self, example: QAExample) -> None: ...
+
+    def next_text(self, writer: DialectWriter, observation_text: str) -> str | None: ...
+
+
+def run_episode(env: Any, agent: ScriptedAgent, *, seed: int | None = None, options: dict | None = None, max_chunks: int = 32) -> Trajectory:
+    """Run one episode of ``agent`` in ``env`` (a SearchQA env, wrapped or not) and return its record.
+
+    Text chunks are encoded once and stepped as id chunks; an agent that stops writing gets the
+    end-of-sequence token, which ends the episode.
+    """
+    base = env.unwrapped
+    writer = DialectWriter(base.protocol)
+    env.reset(seed=seed, options=options)
+    agent.start(base.example)
+    observation_text = ""
+    for _ in range(max_chunks):
+        text = agent.next_text(writer, observation_text)
+        ids = base.codec.encode(text) if text else []
+        if not text or (not base.protocol.answer_ends_episode and base.protocol.answer_close in text):
+            ids = ids + [min(base.codec.eos_ids)]
+        obs, _, terminated, truncated, _ = env.step(ids)
+        if terminated or truncated:
+            break
+        agent_len = len(ids)
+        observation_text = base.codec.decode(list(obs["token_ids"][agent_len:]))
+    else:
+        raise RuntimeError(f"{type(agent).__name__} did not finish an episode within {max_chunks} chunks")
+    return base.trajectory
+
+
+class OracleAgent:
+    """Searches the gold decomposition's sub-questions (gold answers substituted) and answers with the
+    gold answer. Needs examples with a decomposition (the synthetic world, MuSiQue)."""
+
+    def start(self, example: QAExample) -> None:
+        self._example = example
+        self._queue = [n for n in example.decomposition if n.source is not None or not n.parents]
+        self._planned = False
+
+    def next_text(self, writer: DialectWriter, observation_text: str) -> str | None:
+        ex = self._example
+        answers = {n.label: n.answer for n in ex.decomposition}
+        if writer.protocol.call_kind == "dag":
+            if self._planned:
+                return writer.answer(ex.golden_answers[0])
+            self._planned = True
+            nodes = [(n.label, _substitute(n.query, answers), n.source) for n in self._queue]
+            known = {n.label for n in self._queue}
+            edges = [(p, n.label) for n in self._queue for p in n.parents if p in known]
+            return writer.think("I plan the sub-questions.") + writer.plan(nodes, edges)
+        if self._queue:
+            node = self._queue.pop(0)
+            return writer.think(f"I need: {node.query}") + writer.call(_substitute(node.query, answers))
+        evidence = " ".join(n.answer for n in ex.decomposition)
+        return writer.think("I have what I need.") + writer.answer(ex.golden_answers[0], evidence=evidence)
+
+
+class RetrieveThenAnswerAgent:
+    """One search with the question, then the top passage's title as the answer."""
+
+    def start(self, example: QAExample) -> None:
+        self._question = example.question
+        self._searched = False
+
+    def next_text(self, writer: DialectWriter, observation_text: str) -> str | None:
+        if not self._searched:
+            self._searched = True
+            if writer.protocol.call_kind == "dag":
+                return writer.think("One lookup.") + writer.plan([("A", _keywords(self._question), None)], [])
+            return writer.think("Let me search.") + writer.call(_keywords(self._question))
+        title = _top_title(observation_text) or "unknown"
+        return writer.think("The top result names it.") + writer.answer(title, evidence=observation_text.strip()[:300])
+
+
+class NoSearchAgent:
+    """Answers from the question alone: "yes" to yes/no questions, else its last capitalised name."""
+
+    def start(self, example: QAExample) -> None:
+        self._question = example.question
+
+    def next_text(self, writer: DialectWriter, observation_text: str) -> str | None:
+        q = self._question.strip()
+        if re.match(r"^(is|was|are|were|did|does|do|has|have)\b", q, re.IGNORECASE):
+            guess = "yes"
+        else:
+            names = re.findall(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*", q[1:])
+            guess = names[-1] if names else "unknown"
+        return writer.think("I answer from memory.") + writer.answer(guess)
+
+
+def _substitute(query: str, answers: dict[str, str]) -> str:
+    return re.sub(r"\{([A-Z])\}", lambda m: answers.get(m.group(1), m.group(0)), query)
+
+
+def _keywords(question: str) -> str:
+    return question.strip().rstrip("?")
+
+
+_TITLE_PATTERNS = (re.compile(r"Title: ([^)\n]+)\)"), re.compile(r"^\(1\)([^\n]+)$", re.M), re.compile(r"<result>\n([^\n]+)\n"))
+
+
+def _top_title(observation_text: str) -> str | None:
+    for pattern in _TITLE_PATTERNS:
+        match = pattern.search(observation_text)
+        if match:
+            return match.group(1).strip()
+    return None
