@@ -84,7 +84,7 @@ def check_equivalent(tokenizer, protocol, ids, cuts, max_new_tokens, max_turns):
 
 
 
-@pytest.mark.parametrize("protocol", ["search-r1", "r1-searcher", "research", "r-search"])
+@pytest.mark.parametrize("protocol", ["search-r1", "r1-searcher", "research", "r-search", "reasoning-search"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     fragments=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=40),

@@ -123,3 +123,56 @@ def test_chat_template_renders_the_prompt_when_the_tokenizer_has_one(tmp_path):
     assert prompt.startswith("<system>You are a helpful assistant") and prompt.endswith("<user>Who?<assistant>")
     plain = SearchQAEnv("r-search", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=hf, chat_template=False)
     assert "<user>" not in plain.render_prompt("Who?")
+
+
+def _dag_env(tokenizer, protocol="reasoning-search"):
+    sources = {"wiki": CountingSource("wiki"), "news": CountingSource("news"), "papers": CountingSource("papers")}
+    env = SearchQAEnv(protocol, dataset=[EXAMPLE], sources=sources, tokenizer=tokenizer)
+    env.reset(seed=0)
+    return env, sources
+
+
+def test_reasoning_search_runs_one_plan_into_one_result_block(split_tag_tokenizer):
+    env, sources = _dag_env(split_tag_tokenizer)
+    codec = env.codec
+    plan = "<think> plan </think><search>\nNodes:\nA: zarbo founder (News)\nb: {A} birthplace (General)\nEdges:\nA -> B\n</search>"
+    a = codec.encode(plan)
+    env.step(a)
+    assert sources["news"].calls == [["zarbo founder"]]
+    assert sources["wiki"].calls == [["T0 zarbo founder birthplace"]], "the parent's top title fills {A}"
+    traj = env.trajectory
+    expected_block = (
+        "\n<result>\nA (News): zarbo founder\n"
+        + "".join(f"Doc {i + 1}(Title: T{i} zarbo founder) text {i} about zarbo founder\n" for i in range(3)).rstrip("\n")
+        + "\n\nB (General): T0 zarbo founder birthplace\n"
+        + "".join(f"Doc {i + 1}(Title: T{i} T0 zarbo founder birthplace) text {i} about T0 zarbo founder birthplace\n" for i in range(3)).rstrip("\n")
+        + "\n</result>\n"
+    )
+    assert env.response_text == plan + expected_block
+    env_ids = codec.encode(expected_block)
+    p = traj.prompt_length
+    assert list(traj.producers[p:]) == [1] * len(a) + [0] * len(env_ids)
+    assert [n["label"] for n in traj.tool_calls[0].nodes] == ["A", "B"]
+    *_, terminated, _, info = env.step(codec.encode("<answer> Bob Smith </answer>"))
+    assert terminated and info["reward_components"]["dag_valid"] and env.trajectory.reward == 1.0
+    # one plan, one search round: a second plan gets the budget error instead
+    env2, sources2 = _dag_env(split_tag_tokenizer)
+    env2.step(codec.encode("<search>Nodes:\nA: x (News)\n</search><search>Nodes:\nA: y (News)\n</search>"))
+    assert sources2["news"].calls == [["x"]] and env2.trajectory.counters["budget_exhausted_calls"] == 1
+
+
+def test_an_invalid_plan_is_an_error_observation_naming_each_violation(split_tag_tokenizer):
+    env, sources = _dag_env(split_tag_tokenizer)
+    env.step(env.codec.encode("<search>Nodes:\nA: x (News)\nB: y (Blogs)\nEdges:\nA -> B -> A ; A -> C\n</search>"))
+    text = env.response_text
+    assert "Invalid search plan" in text and "cycle" in text and "unknown_source" in text and "unknown_node" in text
+    assert all(not s.calls for s in sources.values())
+    assert env.trajectory.counters["invalid_plans"] == 1
+
+
+def test_any_protocol_can_opt_into_dag_calls(split_tag_tokenizer):
+    dag_r1 = get_protocol("search-r1").with_options(name="search-r1-dag", call_kind="dag", max_turns=3)
+    env, sources = _dag_env(split_tag_tokenizer, dag_r1)
+    env.step(env.codec.encode("<search>A: q1 (news)\nB: q2 (academy)\n</search>"))
+    assert sources["news"].calls == [["q1"]] and sources["papers"].calls == [["q2"]]
+    assert "<information>" in env.response_text
