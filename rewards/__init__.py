@@ -1,0 +1,28 @@
+"""Rewards for search agents: answer metrics, format checks and the seed systems' reward presets.
+
+``rewards.score("search-r1", response, golden_answers)`` scores one episode; ``rewards.available()``
+lists the presets and ``rewards.register(name, fn)`` adds one. This package depends on nothing else in
+the project, so a trainer or an evaluation script can use it alone.
+"""
+from .metrics import cover_exact_match, exact_match, f1_score, normalize_r1, normalize_squad
+from .presets import BUILTIN_PRESETS, EVIDENCE_PROMPT
+from .registry import UnknownPresetError, available, register, score
+from .result import RewardResult
+
+for _name, _fn in BUILTIN_PRESETS.items():
+    register(_name, _fn)
+del _name, _fn
+
+__all__ = [
+    "RewardResult",
+    "score",
+    "register",
+    "available",
+    "UnknownPresetError",
+    "EVIDENCE_PROMPT",
+    "exact_match",
+    "f1_score",
+    "cover_exact_match",
+    "normalize_squad",
+    "normalize_r1",
+]

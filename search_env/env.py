@@ -27,6 +27,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+import rewards
+
 from search_env.data.example import QAExample
 from search_env.protocols import Protocol, get_protocol
 from search_env.sources.base import Passage, Source
@@ -497,8 +499,6 @@ class SearchQAEnv(gym.Env):
 
     # -- the end of an episode ------------------------------------------------------------------
     def _finish(self, reason: str, *, truncated: bool) -> None:
-        import rewards
-
         self._done = True
         self._terminated, self._truncated = not truncated, truncated
         traj = self.trajectory

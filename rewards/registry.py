@@ -1,0 +1,78 @@
+"""The preset registry and ``score``, the one entry point the environment and trainers call."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from .metrics import as_gold_list
+from .result import RewardResult
+
+__all__ = ["UnknownPresetError", "register", "available", "get", "score"]
+
+PresetFn = Callable[..., "RewardResult | float"]
+_PRESETS: dict[str, PresetFn] = {}
+
+
+class UnknownPresetError(KeyError, ValueError):
+    """No preset of that name; both a ``KeyError`` (a failed lookup) and a ``ValueError`` (a bad argument)."""
+
+    def __str__(self) -> str:  # KeyError would show the message's repr
+        return str(self.args[0])
+
+
+def register(name: str, fn: PresetFn, *, replace: bool = False) -> None:
+    """Add a reward preset under ``name``.
+
+    ``fn(response, golden_answers, *, question, ended_with_eos, evidence_model, judge, **options)``
+    returns a :class:`RewardResult` or a plain number (wrapped with no components). Registering a
+    taken name raises ``ValueError`` unless ``replace=True``, so two plugins cannot silently clash.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"preset name must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"preset {name!r} must be callable, got {type(fn).__name__}")
+    if name in _PRESETS and not replace:
+        raise ValueError(f"reward preset {name!r} already exists; pass replace=True to override it")
+    _PRESETS[name] = fn
+
+
+def available() -> list[str]:
+    """Names of every registered preset, sorted."""
+    return sorted(_PRESETS)
+
+
+def get(name: str) -> PresetFn:
+    """The preset function registered as ``name``; ``UnknownPresetError`` lists the known names."""
+    try:
+        return _PRESETS[name]
+    except KeyError:
+        raise UnknownPresetError(f"unknown reward preset {name!r}; available: {', '.join(available())}") from None
+
+
+def score(
+    preset: str,
+    response: str,
+    golden_answers: str | Iterable[str],
+    *,
+    question: str | None = None,
+    ended_with_eos: bool = True,
+    evidence_model: Callable[[str, str], str] | None = None,
+    judge: Callable[[str, list[str], str], float] | None = None,
+    **options: Any,
+) -> RewardResult:
+    """Score one response with the named preset.
+
+    ``response`` is the agent's text after the prompt, environment blocks included; ``golden_answers``
+    one gold or several; ``ended_with_eos`` whether generation stopped on the EOS token (ReSearch
+    scores 0 otherwise); ``evidence_model``/``judge`` the model callables R-Search and
+    Reasoning-search use; ``options`` go to the preset (weights, EOS string …).
+    """
+    result = get(preset)(
+        response,
+        as_gold_list(golden_answers),
+        question=question,
+        ended_with_eos=ended_with_eos,
+        evidence_model=evidence_model,
+        judge=judge,
+        **options,
+    )
+    return result if isinstance(result, RewardResult) else RewardResult(float(result), {})
