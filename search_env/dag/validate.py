@@ -1,0 +1,129 @@
+"""Checks that a parsed plan can be executed, naming every violation.
+
+The environment turns the violations into the agent's error observation (and counters), so each one
+says what is wrong and where, and all of them are reported at once rather than the first only.
+
+Rules (``Violation.rule``), in the order they are reported:
+
+=================  ====================================================================
+bad_node_syntax    a line in the ``Nodes:`` section is not ``Label: query (Source)``
+bad_edge_syntax    an edge statement is not ``A -> B`` (labels and arrows only)
+duplicate_label    a label is declared twice (the first declaration is kept)
+missing_source     a node line has no ``(Source)`` at its end
+empty_query        a node's query is empty
+too_many_edges     more than :data:`~search_env.dag.parser.MAX_EDGES` edges (reading stopped)
+no_nodes           the plan declares no node
+too_many_nodes     more than ``max_nodes`` nodes
+unknown_source     a node names a source that is neither a source nor an alias
+unknown_node       an edge names a label that no node declares
+self_loop          an edge ``A -> A``
+cycle              a cycle among declared nodes (one violation per strongly connected set)
+=================  ====================================================================
+
+:func:`validate_strict` is the reward's reading instead: it reproduces the reference rules exactly
+(1–6 nodes, tools general/news/academy, its own tolerant-but-different line grammar) by delegating
+to :func:`rewards.dag.read_strict_dag`, so the environment and the reward can never disagree.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import networkx as nx
+
+from search_env.dag.parser import Plan, Violation
+
+__all__ = ["DEFAULT_MAX_NODES", "Violation", "format_violations", "normalize_source_name", "validate_plan", "validate_strict"]
+
+DEFAULT_MAX_NODES = 8
+"""The node limit the ``reasoning-search`` prompt states (its reward enforces 6: see strict mode)."""
+
+
+def normalize_source_name(name: str) -> str:
+    """Source names match case-insensitively and ignore extra whitespace (``" News "`` is ``news``)."""
+    return " ".join(name.split()).lower()
+
+
+def validate_plan(
+    plan: Plan, *, known_sources: Collection[str], max_nodes: int = DEFAULT_MAX_NODES
+) -> list[Violation]:
+    """Every violation of ``plan``: what the parser could not read, then the structural rules.
+
+    ``known_sources`` are the names a node may use: source names and alias names together (compared
+    case-insensitively). An empty list means the plan is executable.
+    """
+    violations = list(plan.issues)
+    if not plan.nodes:
+        violations.append(Violation("no_nodes", "the plan declares no node ('A: query (Source)')"))
+    elif len(plan.nodes) > max_nodes:
+        violations.append(Violation("too_many_nodes", f"{len(plan.nodes)} nodes, at most {max_nodes} allowed"))
+    violations.extend(_unknown_sources(plan, known_sources))
+    violations.extend(_unknown_nodes(plan))
+    violations.extend(
+        Violation("self_loop", f"edge {parent} -> {child}") for parent, child in plan.edges if parent == child
+    )
+    violations.extend(_cycles(plan))
+    return violations
+
+
+def validate_strict(search_content: str) -> list[Violation]:
+    """The reference (reward) reading of a plan's text: its violations, rule names as
+    :mod:`rewards.dag` gives them (``"unknown_tool:x"`` becomes ``Violation("unknown_tool", "x")``).
+
+    Pass the content of the first call tag, as the reward reads it (``Plan.text`` holds it).
+    """
+    from rewards.dag import read_strict_dag  # the reward module owns the strict rules
+
+    strict = read_strict_dag(search_content)
+    violations = []
+    for entry in strict.violations:
+        rule, _, detail = entry.partition(":")
+        violations.append(Violation(rule.strip(), detail.strip()))
+    return violations
+
+
+def format_violations(violations: Sequence[Violation], *, limit: int = 10) -> str:
+    """One violation per line, at most ``limit`` of them and a count of the rest: the text of the
+    agent's error observation stays short however broken the plan."""
+    lines = [f"- {violation}" for violation in violations[:limit]]
+    if len(violations) > limit:
+        lines.append(f"- ... and {len(violations) - limit} more")
+    return "\n".join(lines)
+
+
+def _unknown_sources(plan: Plan, known_sources: Collection[str]) -> list[Violation]:
+    known = {normalize_source_name(name) for name in known_sources}
+    listing = ", ".join(sorted(known)) or "none"
+    return [
+        Violation("unknown_source", f"node {node.label} uses {node.source!r}; known sources: {listing}")
+        for node in plan.nodes.values()
+        if node.source is not None and normalize_source_name(node.source) not in known
+    ]
+
+
+def _unknown_nodes(plan: Plan) -> list[Violation]:
+    mentions: dict[str, list[str]] = {}
+    for parent, child in plan.edges:
+        for label in dict.fromkeys((parent, child)):
+            if label not in plan.nodes:
+                mentions.setdefault(label, []).append(f"{parent} -> {child}")
+    return [
+        Violation("unknown_node", f"{label} is not a declared node (in {', '.join(edges)})")
+        for label, edges in mentions.items()
+    ]
+
+
+def _cycles(plan: Plan) -> list[Violation]:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(plan.nodes)
+    graph.add_edges_from(
+        (parent, child)
+        for parent, child in plan.edges
+        if parent != child and parent in plan.nodes and child in plan.nodes
+    )
+    violations = []
+    components = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    for component in sorted(components):
+        cycle = nx.find_cycle(graph.subgraph(component), source=component[0])
+        path = [edge[0] for edge in cycle] + [cycle[0][0]]
+        violations.append(Violation("cycle", " -> ".join(path)))
+    return violations

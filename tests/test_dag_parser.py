@@ -1,0 +1,248 @@
+"""The NL-DAG reader: the reference syntax, the variants models emit, what it reports, fuzzing."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from search_env.dag.parser import MAX_EDGES, Plan, format_plan, parse_plan
+
+REFERENCE = (
+    "Nodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\n"
+    "C: new US tariff list commodities 2024 (News)\nEdges:\nA -> B ; C -> B"
+)
+
+
+def nodes_of(plan: Plan) -> dict[str, tuple[str, str | None]]:
+    return {label: (node.query, node.source) for label, node in plan.nodes.items()}
+
+
+def rules(plan: Plan) -> list[str]:
+    return [issue.rule for issue in plan.issues]
+
+
+def test_reference_example() -> None:
+    plan = parse_plan(REFERENCE)
+    assert nodes_of(plan) == {
+        "A": ("US tariffs 2024", "News"),
+        "B": ("Tariffs impact on 401k & CPI", "General"),
+        "C": ("new US tariff list commodities 2024", "News"),
+    }
+    assert plan.edges == [("A", "B"), ("C", "B")]
+    assert plan.issues == []
+    assert [node.line for node in plan.nodes.values()] == [2, 3, 4]
+    assert plan.text == REFERENCE
+
+
+TWO_NODES = {"A": ("who wrote Hamlet", "General"), "B": ("birthplace of {A}", "News")}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Nodes:\nA: who wrote Hamlet (General)\nB: birthplace of {A} (News)\nEdges:\nA -> B",
+        # full-width punctuation and arrow
+        "Nodes：\nA： who wrote Hamlet （General）\nB：birthplace of {A}（News）\nEdges：\nA → B；",
+        # no section headers at all
+        "A: who wrote Hamlet (General)\nB: birthplace of {A} (News)\nA -> B",
+        # extra whitespace everywhere
+        "  Nodes :  \n\n   A  :   who   wrote\tHamlet   (  General )  \n B:birthplace of {A}(News)\n\n Edges:\n  A   ->   B  ",
+        # lower-case labels in nodes and edges
+        "Nodes:\na: who wrote Hamlet (General)\nb: birthplace of {A} (News)\nEdges:\na -> b",
+        # bracket styles, trailing semicolons
+        "Nodes:\nA: who wrote Hamlet [General];\nB: birthplace of {A} 【News】\nEdges:\nA -> B;",
+        # bullets, numbering, Markdown headers, 'Node' word
+        "**Nodes:**\n- Node A: who wrote Hamlet (General)\n* 2. B: birthplace of {A} (News)\n### Edges\n- Node A -> Node B",
+        "Nodes:\n1. A: who wrote Hamlet (General)\n(2) B: birthplace of {A} (News)\nEdges:\n1. A -> B",
+        # content on the header lines, arrow spellings
+        "Nodes: A: who wrote Hamlet (General)\nB: birthplace of {A} (News)\nEdges: A => B",
+        "Nodes:\nA: who wrote Hamlet (General)\nB: birthplace of {A} (News)\nEdges:\nA --> B\nEdges: none",
+        "Nodes:\nA. who wrote Hamlet (General)\nB) birthplace of {A} (News)\nEdges:\nA ⟶ B",
+        # prose before the plan and a code fence are ignored
+        "Here is my plan.\n```\nNodes:\nA: who wrote Hamlet (General)\nB: birthplace of {A} (News)\nEdges:\nA->B\n```",
+    ],
+)
+def test_variants_read_the_same_plan(text: str) -> None:
+    plan = parse_plan(text)
+    assert nodes_of(plan) == TWO_NODES
+    assert plan.edges == [("A", "B")]
+    assert plan.issues == []
+
+
+@pytest.mark.parametrize(
+    ("edges_text", "expected"),
+    [
+        ("A -> B -> C", [("A", "B"), ("B", "C")]),
+        ("A -> B ; B -> C", [("A", "B"), ("B", "C")]),
+        ("A -> C, B -> C", [("A", "C"), ("B", "C")]),
+        ("A, B -> C", [("A", "C"), ("B", "C")]),
+        ("A & B -> C", [("A", "C"), ("B", "C")]),
+        ("A and B -> C", [("A", "C"), ("B", "C")]),
+        ("A -> B, C", [("A", "B"), ("A", "C")]),
+        ("A、B → C", [("A", "C"), ("B", "C")]),
+        ("A -> B\nA -> B\nB -> C", [("A", "B"), ("B", "C")]),
+        ("a->b->c", [("A", "B"), ("B", "C")]),
+    ],
+)
+def test_edge_forms(edges_text: str, expected: list[tuple[str, str]]) -> None:
+    plan = parse_plan(f"Nodes:\nA: x (News)\nB: y (News)\nC: z (News)\nEdges:\n{edges_text}")
+    assert plan.edges == expected
+    assert plan.issues == []
+
+
+def test_query_keeps_its_own_brackets_colons_and_arrows() -> None:
+    plan = parse_plan("Nodes:\nA: effect of (x) on y: a -> b (Academy)\nB1: CJK 美国关税 2024 (新闻)\nEdges:\nA -> B1")
+    assert nodes_of(plan) == {"A": ("effect of (x) on y: a -> b", "Academy"), "B1": ("CJK 美国关税 2024", "新闻")}
+    assert plan.edges == [("A", "B1")]
+
+
+def test_unreadable_lines_are_reported_with_line_numbers() -> None:
+    text = "Nodes:\nA: first (News)\nthis is not a node\nB: no tool here\nC:  (News)\nA: again (General)\nEdges:\nA -> ; Q ; B -> C (because)"
+    plan = parse_plan(text)
+    assert rules(plan) == [
+        "bad_node_syntax",
+        "missing_source",
+        "empty_query",
+        "duplicate_label",
+        "bad_edge_syntax",
+        "bad_edge_syntax",
+        "bad_edge_syntax",
+    ]
+    assert "line 3" in plan.issues[0].detail
+    assert "line 6" in plan.issues[3].detail and "line 2" in plan.issues[3].detail
+    # The first declaration wins; nodes with problems are kept so edges to them are not "unknown".
+    assert nodes_of(plan) == {"A": ("first", "News"), "B": ("no tool here", None), "C": ("", "News")}
+    assert plan.edges == []
+
+
+def test_prose_outside_sections_is_not_an_issue() -> None:
+    plan = parse_plan("I will search twice.\nA: x (News)\nThat is all.")
+    assert nodes_of(plan) == {"A": ("x", "News")}
+    assert plan.issues == []
+
+
+def test_edges_to_undeclared_nodes_are_kept_for_validation() -> None:
+    plan = parse_plan("A: x (News)\nEdges:\nA -> Z")
+    assert plan.edges == [("A", "Z")]
+
+
+def test_edge_explosion_is_capped() -> None:
+    left = ",".join(f"A{i}" for i in range(100))
+    right = ",".join(f"B{i}" for i in range(100))
+    plan = parse_plan(f"Edges:\n{left} -> {right}")
+    assert len(plan.edges) == MAX_EDGES
+    assert rules(plan) == ["too_many_edges"]
+
+
+def test_issue_details_are_short_for_long_lines() -> None:
+    plan = parse_plan("Nodes:\n" + "x" * 5000)
+    assert rules(plan) == ["bad_node_syntax"]
+    assert len(plan.issues[0].detail) < 200
+
+
+ADVERSARIAL = {
+    "dash run": "A: " + "-" * 100_000,
+    "dash run in edges": "Edges:\nA " + "-" * 100_000 + " B",
+    "long chain": "Edges:\n" + "A -> " * 20_000,
+    "open brackets": "A: " + "(" * 100_000 + ")",
+    "space run": "Edges:" + " " * 100_000 + "x",
+    "many node lines": "A: q (News)\n" * 8_000,
+    "colons": ":" * 100_000,
+    "many statements": "a -> b, c -> d; " * 6_000,
+    "label soup": "A1 " * 33_000 + "-> B",
+    "braces": "A: " + "{A" * 50_000 + " (News)",
+    "full-width": "Ａ：" * 50_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_100kb_blocks_parse_in_linear_time(name: str) -> None:
+    text = ADVERSARIAL[name]
+    assert len(text) >= 90_000
+    began = time.perf_counter()
+    parse_plan(text)
+    # A guard against catastrophic backtracking only (quadratic here would take minutes); the real
+    # timings are measured by benchmarks/dag_critical_path.py.
+    assert time.perf_counter() - began < 5.0
+
+
+PLAN_ALPHABET = "AaBbCcZz019 :;,.-=>()[]{}（）【】：；，、→⟶#*\n\t"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.text(alphabet=PLAN_ALPHABET)))
+def test_never_raises(text: str) -> None:
+    plan = parse_plan(text)
+    assert all(issue.rule and issue.detail for issue in plan.issues)
+    assert all(node.label == node.label.upper() for node in plan.nodes.values())
+
+
+WORD = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'?&%$美国关税", min_size=1, max_size=8)
+QUERY = st.lists(WORD, min_size=1, max_size=6).map(" ".join).filter(lambda q: q[0].isalpha())
+SOURCE = st.sampled_from(["General", "News", "Academy", "wiki", "web-search", "新闻", "my_papers"])
+
+
+@st.composite
+def well_formed_plans(draw: st.DrawFn) -> tuple[dict[str, tuple[str, str]], list[tuple[str, str]]]:
+    labels = draw(
+        st.lists(st.sampled_from([chr(c) for c in range(65, 91)] + ["A1", "B2", "Q10"]), min_size=1, max_size=8, unique=True)
+    )
+    nodes = {label: (draw(QUERY), draw(SOURCE)) for label in labels}
+    pairs = [(labels[i], labels[j]) for i in range(len(labels)) for j in range(i + 1, len(labels))]
+    edges = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=10)) if pairs else []
+    return nodes, edges
+
+
+@settings(max_examples=200, deadline=None)
+@given(well_formed_plans())
+def test_format_plan_round_trips(plan_parts: tuple[dict[str, tuple[str, str]], list[tuple[str, str]]]) -> None:
+    nodes, edges = plan_parts
+    text = "Nodes:\n" + "\n".join(f"{label}: {q} ({s})" for label, (q, s) in nodes.items())
+    text += "\nEdges:\n" + " ; ".join(f"{u} -> {v}" for u, v in edges)
+    plan = parse_plan(text)
+    assert nodes_of(plan) == nodes
+    assert plan.edges == edges
+    assert plan.issues == []
+    again = parse_plan(format_plan(plan))
+    assert nodes_of(again) == nodes and again.edges == edges and again.issues == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    well_formed_plans(),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["", "- ", "* ", "1. ", "Node "]),
+    st.sampled_from([("(", ")"), ("[", "]"), ("（", "）"), ("【", "】")]),
+    st.sampled_from([" -> ", "->", " → ", " => "]),
+    st.sampled_from(["; ", "；", "\n", ", "]),
+    st.booleans(),
+)
+def test_variant_writings_round_trip(
+    plan_parts: tuple[dict[str, tuple[str, str]], list[tuple[str, str]]],
+    lower_labels: bool,
+    full_width_colon: bool,
+    bullet: str,
+    brackets: tuple[str, str],
+    arrow: str,
+    separator: str,
+    headers: bool,
+) -> None:
+    nodes, edges = plan_parts
+    colon = "：" if full_width_colon else ":"
+
+    def name(label: str) -> str:
+        return label.lower() if lower_labels else label
+
+    lines = ["Nodes:"] if headers else []
+    lines += [f"{bullet}{name(label)}{colon} {q} {brackets[0]}{s}{brackets[1]}" for label, (q, s) in nodes.items()]
+    if headers:
+        lines.append("Edges:")
+    if edges:
+        lines.append(separator.join(f"{name(u)}{arrow}{name(v)}" for u, v in edges))
+    plan = parse_plan("\n".join(lines))
+    assert nodes_of(plan) == nodes
+    assert plan.edges == edges
+    assert plan.issues == []
