@@ -8,6 +8,19 @@ from .metrics import cover_exact_match, exact_match, f1_score, normalize_r1, nor
 from .presets import BUILTIN_PRESETS, EVIDENCE_PROMPT
 from .registry import UnknownPresetError, available, register, score
 from .result import RewardResult
+from .schedule import ComponentMix, LinearSchedule, Preset, RewardMix, StagedReward, StepReward
+from .models import (
+    JUDGE_PROMPT,
+    AnswerModel,
+    Judgement,
+    LLMJudge,
+    LocalChatModel,
+    ModelCallError,
+    OpenAIChatModel,
+    batch_answer,
+    batch_judge,
+    f1_judge,
+)
 
 for _name, _fn in BUILTIN_PRESETS.items():
     register(_name, _fn)
@@ -25,4 +38,20 @@ __all__ = [
     "cover_exact_match",
     "normalize_squad",
     "normalize_r1",
+    "StepReward",
+    "Preset",
+    "StagedReward",
+    "LinearSchedule",
+    "ComponentMix",
+    "RewardMix",
+    "AnswerModel",
+    "LLMJudge",
+    "Judgement",
+    "JUDGE_PROMPT",
+    "f1_judge",
+    "batch_answer",
+    "batch_judge",
+    "LocalChatModel",
+    "OpenAIChatModel",
+    "ModelCallError",
 ]
