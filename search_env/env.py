@@ -81,6 +81,8 @@ class SearchQAEnv(gym.Env):
         max_context: total tokens (prompt included) before truncation.
         max_result_tokens: cap on the document tokens of one result block (the closing tag is kept).
         top_k: passages per query (default: the protocol's).
+        cache_size: wrap every source in an LRU cache of this many (query, k) entries (0: no cache).
+        source_timeout_s: per-call time limit of every source; a late call becomes an error observation.
         chat_template: render the prompt with the tokenizer's chat template (``None``: when it has one).
         world_seed / world_size: seed and question count of the synthetic world.
     """
@@ -105,6 +107,8 @@ class SearchQAEnv(gym.Env):
         max_context: int = 8192,
         max_result_tokens: int | None = None,
         top_k: int | None = None,
+        cache_size: int = 0,
+        source_timeout_s: float | None = None,
         chat_template: bool | None = None,
         world_seed: int = 0,
         world_size: int = 1000,
@@ -113,7 +117,7 @@ class SearchQAEnv(gym.Env):
         self.protocol = get_protocol(protocol)
         self.codec: TokenCodec = as_codec(tokenizer)
         self.examples, world = _resolve_dataset(dataset, world_seed, world_size)
-        self.sources = _resolve_sources(sources, world)
+        self.sources = _guard_sources(_resolve_sources(sources, world), cache_size, source_timeout_s)
         self.source_aliases = {k.lower(): v.lower() for k, v in (source_aliases or _default_aliases(self.sources)).items()}
         self.default_source = (default_source or ("all" if "all" in self.sources else next(iter(self.sources)))).lower()
         if self.default_source not in self.sources:
@@ -618,6 +622,21 @@ def _resolve_sources(sources: Any, world: Any) -> dict[str, Source]:
     if not resolved:
         raise ValueError("sources is empty")
     return resolved
+
+
+def _guard_sources(sources: dict[str, Source], cache_size: int, timeout_s: float | None) -> dict[str, Source]:
+    """Wrap each distinct source once: a time limit inside, an LRU cache outside (a hit costs no call)."""
+    if not cache_size and timeout_s is None:
+        return sources
+    from search_env.sources.cache import CachedSource
+    from search_env.sources.time_limit import TimeLimitedSource
+
+    wrapped: dict[int, Source] = {}
+    for source in sources.values():
+        if id(source) not in wrapped:
+            guarded = TimeLimitedSource(source, timeout_s) if timeout_s is not None else source
+            wrapped[id(source)] = CachedSource(guarded, maxsize=cache_size) if cache_size else guarded
+    return {name: wrapped[id(source)] for name, source in sources.items()}
 
 
 def _default_aliases(sources: Mapping[str, Source]) -> dict[str, str]:

@@ -36,7 +36,8 @@ class BatchSearchQAEnv:
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
         first = SearchQAEnv(**env_kwargs)
-        shared = dict(env_kwargs, dataset=first.examples, sources=first.sources, tokenizer=first.codec)
+        shared = dict(env_kwargs, dataset=first.examples, sources=first.sources, tokenizer=first.codec,
+                      cache_size=0, source_timeout_s=None)  # the first env's sources are wrapped already
         shared.setdefault("default_source", first.default_source)
         shared.setdefault("source_aliases", first.source_aliases)
         self.envs = [first] + [SearchQAEnv(**shared) for _ in range(num_envs - 1)]

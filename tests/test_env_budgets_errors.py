@@ -155,3 +155,22 @@ def test_export_is_plain_json(split_tag_tokenizer):
     data = json.loads(json.dumps(env.trajectory.to_dict()))
     assert data["reward"] == 1.0 and data["tool_calls"][0]["content"] == "zarbo"
     assert len(data["producers"]) == len(data["token_ids"]) == len(data["trained"])
+
+
+class SlowSource(CountingSource):
+    def search(self, queries, k):
+        import time
+
+        time.sleep(0.5)
+        return super().search(queries, k)
+
+
+def test_env_options_cache_repeated_queries_and_time_out_slow_sources(split_tag_tokenizer):
+    source = CountingSource()
+    env = make(split_tag_tokenizer, source=source, cache_size=16)
+    feed(env, "<search> zarbo </search><search> zarbo </search>")
+    assert source.calls == [["zarbo"]] and env.trajectory.counters["searches"] == 2
+    slow = make(split_tag_tokenizer, source=SlowSource(), source_timeout_s=0.05)
+    feed(slow, "<search> zarbo </search>")
+    assert slow.trajectory.counters["source_errors"] == 1 and "Search failed" in slow.response_text
+    assert "SourceError" in slow.trajectory.tool_calls[0].error
