@@ -419,19 +419,10 @@ class SearchQAEnv(gym.Env):
         if len(query) > MAX_QUERY_CHARS:
             self._counters["queries_cut"] += 1
             query = query[:MAX_QUERY_CHARS]
-        self._n_searches += 1
-        self._counters["searches"] += 1
-        call = ToolCall(turn=self._n_searches, kind="query", content=query, sources=[self.default_source], k=self.top_k)
-        call.started_at = time.time()
-        response = yield SearchRequest(self.default_source, query, self.top_k)
-        call.duration_s = time.time() - call.started_at
-        self.trajectory.tool_calls.append(call)
-        if isinstance(response, BaseException):
-            call.error = f"{type(response).__name__}: {response}"
-            self._counters["source_errors"] += 1
-            self._insert(p.error_text(f"Search failed: {call.error}"), "error", "source_error")
+        call = ToolCall(turn=self._n_searches + 1, kind="query", content=query, sources=[self.default_source], k=self.top_k)
+        passages: list[Passage] | None = yield from self._run_call(call, SearchRequest(self.default_source, query, self.top_k))
+        if passages is None:
             return
-        passages: list[Passage] = response
         call.passage_ids = [ps.id for ps in passages]
         self._insert_results(p.result_prefix, p.format_docs(passages) if passages else p.empty_results_text, p.result_suffix)
 
@@ -447,23 +438,31 @@ class SearchQAEnv(gym.Env):
             listing = "; ".join(str(v) for v in violations)
             self._insert(p.error_text(f"Invalid search plan: {listing}"), "error", "invalid_plan")
             return
-        self._n_searches += 1
-        self._counters["searches"] += 1
-        call = ToolCall(turn=self._n_searches, kind="dag", content=content, sources=[], k=self.top_k)
-        call.started_at = time.time()
-        run = yield PlanRequest(plan, self.top_k)
-        call.duration_s = time.time() - call.started_at
-        self.trajectory.tool_calls.append(call)
-        if isinstance(run, BaseException):
-            call.error = f"{type(run).__name__}: {run}"
-            self._counters["source_errors"] += 1
-            self._insert(p.error_text(f"Search failed: {call.error}"), "error", "source_error")
+        call = ToolCall(turn=self._n_searches + 1, kind="dag", content=content, sources=[], k=self.top_k)
+        run = yield from self._run_call(call, PlanRequest(plan, self.top_k))
+        if run is None:
             return
         call.nodes = [node.to_dict() for node in run.nodes]
         call.sources = sorted({node.source for node in run.nodes})
         call.passage_ids = [ps.id for node in run.nodes for ps in node.passages]
         self._counters["source_errors"] += sum(1 for node in run.nodes if node.error)
         self._insert_results(p.result_prefix, format_dag_results(run, p.format_docs), p.result_suffix)
+
+    def _run_call(self, call: ToolCall, request: SearchRequest | PlanRequest) -> Generator[Any, Any, Any]:
+        """Count and time one call, yield its request, record it; a failure (the answer is an
+        exception) becomes an error observation and None is returned."""
+        self._n_searches += 1
+        self._counters["searches"] += 1
+        call.started_at = time.time()
+        response = yield request
+        call.duration_s = time.time() - call.started_at
+        self.trajectory.tool_calls.append(call)
+        if isinstance(response, BaseException):
+            call.error = f"{type(response).__name__}: {response}"
+            self._counters["source_errors"] += 1
+            self._insert(self.protocol.error_text(f"Search failed: {call.error}"), "error", "source_error")
+            return None
+        return response
 
     # -- writing environment text ---------------------------------------------------------------
     def _insert_results(self, prefix: str, docs: str, suffix: str) -> None:
