@@ -1,0 +1,25 @@
+"""Search sources: one batched interface (:class:`Source`) over BM25, dense, hybrid and remote retrieval.
+
+``DenseSource`` (torch, faiss) and ``RemoteSource`` (urllib3) load their dependencies on first use.
+"""
+from typing import Any
+
+from search_env.sources.base import Passage, Source, SourceError
+from search_env.sources.bm25 import BM25Source
+from search_env.sources.cache import CachedSource
+from search_env.sources.hybrid import HybridSource, reciprocal_rank_fusion
+from search_env.sources.time_limit import TimeLimitedSource
+
+__all__ = [
+    "Passage", "Source", "SourceError", "BM25Source", "CachedSource", "TimeLimitedSource", "HybridSource",
+    "reciprocal_rank_fusion", "DenseSource", "RemoteSource",
+]
+_LAZY = {"DenseSource": "search_env.sources.dense", "RemoteSource": "search_env.sources.remote"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
