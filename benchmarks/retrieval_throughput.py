@@ -1,0 +1,236 @@
+"""Retrieval throughput (queries per second): in-process and through the retrieval server.
+
+Sources: BM25 and dense (MiniLM encoder, faiss flat index) over the shared corpus.jsonl, queried with
+real questions (HotpotQA dev by default), top-k 3 as in Search-R1. For each source:
+
+- in-process, one query per ``search`` call and 16 per call;
+- through the server (a ``python -m search_env.server`` subprocess on 127.0.0.1): one client sending
+  1 query per request, one client sending 16 per request, 8 concurrent clients sending 1 per request
+  (each with its own keep-alive session, the way Search-R1-style clients post), and 16 concurrent
+  environments (16 threads sharing one RemoteSource, whose client-side batching merges their calls).
+
+The peer is Search-R1's own retrieval server with the same encoder and a flat index on the same
+corpus, measured on this machine: 52 q/s at 1 query per request, 161 q/s at 16 per request, 58 q/s
+with 8 clients. Targets: at least 2x the peer at 1 query per request, 3x with 8 clients.
+
+Every figure is the median of ``--runs`` timed runs after one warm-up run; each run is bounded in
+query count (``--queries``) and wall time (``--max-seconds``). Only 127.0.0.1 is contacted.
+
+Run: ``python -m benchmarks.retrieval_throughput`` (``--help`` for options). The first dense run
+encodes the corpus once and caches the index under ``--index-dir``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+from search_env.server.build import build_source
+from search_env.sources.base import Source
+from search_env.sources.remote import RemoteSource
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+PEER_QPS = {"1/request": 52.0, "16/request": 161.0, "8 clients": 58.0}
+TARGET_X = {"1/request": 2.0, "8 clients": 3.0}
+TOPK = 3
+
+
+def load_questions(path: Path, limit: int) -> list[str]:
+    with path.open(encoding="utf-8") as handle:
+        questions = [json.loads(line)["question"] for line in handle if line.strip()]
+    return questions[:limit]
+
+
+class Clock:
+    """Counts queries done until a query budget or a deadline is reached (whichever first)."""
+
+    def __init__(self, budget: int, max_seconds: float) -> None:
+        self.budget = budget
+        self.deadline = time.perf_counter() + max_seconds
+        self.taken = 0
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> tuple[int, int]:
+        """Claim up to ``n`` queries of the budget: (index of the first, count); count 0 means stop."""
+        with self.lock:
+            if time.perf_counter() > self.deadline:
+                return self.taken, 0
+            n = max(min(n, self.budget - self.taken), 0)
+            self.taken += n
+            return self.taken - n, n
+
+
+def timed(workers: int, per_call: int, budget: int, max_seconds: float, questions: list[str], call: Callable[[int, list[str]], None]) -> float:
+    """Queries per second of ``workers`` threads, each repeatedly taking ``per_call`` queries and
+    passing them to ``call(worker, queries)``."""
+    clock = Clock(budget, max_seconds)
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            while True:
+                start, n = clock.take(per_call)
+                if not n:
+                    return
+                call(w, [questions[(start + i) % len(questions)] for i in range(n)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max_seconds + 120)
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"a benchmark worker failed: {errors[0]!r}") from errors[0]
+    return clock.taken / elapsed
+
+
+def median_qps(runs: int, measure: Callable[[], float]) -> float:
+    measure()  # warm-up: first calls pay for lazy initialisation and cold caches
+    return statistics.median(measure() for _ in range(runs))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m search_env.server`` in a subprocess on 127.0.0.1, stopped on exit."""
+
+    def __init__(self, args: list[str], startup_s: float) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        repo = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        command = [sys.executable, "-m", "search_env.server", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", *args]
+        self.process = subprocess.Popen(command, env=env)
+        deadline = time.monotonic() + startup_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with code {self.process.returncode}")
+            try:
+                requests.get(f"{self.url}/health", timeout=1.0).raise_for_status()
+                return
+            except requests.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"the server did not start within {startup_s} s") from None
+                time.sleep(0.2)
+
+    def health(self) -> dict:
+        return requests.get(f"{self.url}/health", timeout=10).json()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+
+
+def bench_in_process(source: Source, questions: list[str], args: argparse.Namespace) -> dict[str, float]:
+    results = {}
+    for label, per_call, budget in (("in-process 1/call", 1, args.queries), ("in-process 16/call", 16, args.queries * 4)):
+        results[label] = median_qps(args.runs, lambda: timed(1, per_call, budget, args.max_seconds, questions, lambda _, q: source.search(q, TOPK)))
+    return results
+
+
+def bench_server(url: str, questions: list[str], args: argparse.Namespace) -> dict[str, float]:
+    retrieve = f"{url}/retrieve"
+    sessions = [requests.Session() for _ in range(8)]
+
+    def post(worker: int, queries: list[str]) -> None:
+        reply = sessions[worker].post(retrieve, json={"queries": queries, "topk": TOPK, "return_scores": True}, timeout=60)
+        reply.raise_for_status()
+        if len(reply.json()["result"]) != len(queries):
+            raise RuntimeError("the server answered the wrong number of queries")
+
+    remote = RemoteSource(retrieve, name="bench", timeout_s=60)
+    results = {}
+    try:
+        results["1/request"] = median_qps(args.runs, lambda: timed(1, 1, args.queries, args.max_seconds, questions, post))
+        results["16/request"] = median_qps(args.runs, lambda: timed(1, 16, args.queries * 4, args.max_seconds, questions, post))
+        results["8 clients"] = median_qps(args.runs, lambda: timed(8, 1, args.queries * 2, args.max_seconds, questions, post))
+        results["16 envs (RemoteSource)"] = median_qps(
+            args.runs, lambda: timed(16, 1, args.queries * 2, args.max_seconds, questions, lambda _, q: remote.search(q, TOPK))
+        )
+    finally:
+        remote.close()
+        for session in sessions:
+            session.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval_throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", type=Path, default=DATA / "corpus.jsonl")
+    parser.add_argument("--questions", type=Path, default=DATA / "hotpotqa_dev.jsonl", help="jsonl with a 'question' field")
+    parser.add_argument("--retrievers", default="bm25,dense", help="comma-separated: bm25, dense, hybrid")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
+    parser.add_argument("--queries", type=int, default=200, help="query budget of a 1-query-per-call run (scaled for the others)")
+    parser.add_argument("--max-seconds", type=float, default=20.0, help="wall-time bound of one run")
+    parser.add_argument("--index-dir", type=Path, default=Path.home() / ".cache" / "searchqa_gym" / "throughput")
+    parser.add_argument("--startup-seconds", type=float, default=1800.0, help="bound on server start (a first dense start encodes the corpus)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the dense encoder, in the server and in-process (default 1)")
+    parser.add_argument("--skip-in-process", action="store_true")
+    args = parser.parse_args(argv)
+
+    questions = load_questions(args.questions, 10_000)
+    table: dict[str, dict[str, float]] = {}
+    for retriever in [r.strip() for r in args.retrievers.split(",") if r.strip()]:
+        print(f"[{retriever}] starting the server (index cache: {args.index_dir})", flush=True)
+        server_args = ["--corpus", str(args.corpus), "--retriever", retriever, "--index-dir", str(args.index_dir), "--threads", str(args.threads)]
+        server = ServerProcess(server_args, args.startup_seconds)
+        try:
+            table[retriever] = bench_server(server.url, questions, args)
+            health = server.health()
+            print(f"[{retriever}] server: {health['queries']} queries in {health['source_calls']} source calls", flush=True)
+        finally:
+            server.stop()
+        if not args.skip_in_process:
+            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads)
+            try:
+                table[retriever].update(bench_in_process(source, questions, args))
+            finally:
+                source.close()
+        print(f"[{retriever}] done: " + ", ".join(f"{k} {v:.1f}" for k, v in table[retriever].items()), flush=True)
+    print_table(table, args)
+
+
+def print_table(table: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    retrievers = list(table)
+    rows = list(dict.fromkeys(label for figures in table.values() for label in figures))
+    header = f"{'queries/s (median of %d runs)' % args.runs:<34}" + "".join(f"{r:>10}" for r in retrievers) + f"{'peer':>10}{'dense/peer':>12}{'target':>8}"
+    print()
+    print(f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder threads {args.threads}; machine: {os.cpu_count()} CPU cores")
+    print(header)
+    print("-" * len(header))
+    for label in rows:
+        line = f"{label:<34}" + "".join(f"{table[r].get(label, float('nan')):>10.1f}" for r in retrievers)
+        peer = PEER_QPS.get(label)
+        if peer is not None:
+            dense = table.get("dense", {}).get(label)
+            ratio = f"{dense / peer:.2f}x" if dense is not None else "-"
+            target = f">={TARGET_X[label]:.0f}x" if label in TARGET_X else ""
+            line += f"{peer:>10.1f}{ratio:>12}{target:>8}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The HTTP API: ``POST /retrieve`` exactly as Search-R1 / FlashRAG retrieval servers answer it, plus
+``GET /health``, over any Source.
+
+Compatibility is the point: a Search-R1-style client (``requests.post(url, json=payload).json()["result"]``)
+must work against this server unchanged, so the request fields, the default top-k rule (missing, null
+or 0 means the default) and the response layout follow Search-R1's ``retrieval_server.py``. Two
+deliberate differences, both where the reference misbehaves:
+
+- ``"return_scores": false`` answers each query with its list of bare documents, which is what the
+  reference's response code builds; the reference itself fails with HTTP 500 there for any batch but
+  one of exactly two queries (it unpacks a one-value return into two names).
+- requests are bounded (body bytes, number of queries, query length, top-k) and malformed ones get a
+  4xx status with a ``{"detail": "..."}`` message saying what is wrong, instead of a 500 or a hang.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from search_env.server.batching import MicroBatcher
+from search_env.sources.base import Passage, Source
+from search_env.sources.remote import passage_to_document
+
+__all__ = ["RetrieveRequest", "ServerLimits", "create_app"]
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds on one ``/retrieve`` request, so one client cannot exhaust the server's memory or time.
+
+    The defaults admit what Search-R1 training sends: every active rollout's query in one request
+    (thousands of short queries), top-k of a few (or a few dozen before reranking).
+    """
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_queries: int = 4096
+    max_query_chars: int = 2048
+    max_topk: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_queries", "max_query_chars", "max_topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class RetrieveRequest(BaseModel):
+    """The body of ``POST /retrieve``. Types are strict (a string is not a list, "3" is not 3);
+    unknown fields are ignored, as the reference server does."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
+
+
+def create_app(
+    source: Source,
+    *,
+    default_topk: int = 3,
+    limits: ServerLimits | None = None,
+    max_batch: int = 128,
+    max_wait_s: float = 0.002,
+) -> FastAPI:
+    """Build the retrieval app serving ``source``.
+
+    Args:
+        source: answers every request; called from one worker thread only.
+        default_topk: passages per query when a request gives no (or a 0) ``topk``; Search-R1's default is 3.
+        limits: request bounds; see :class:`ServerLimits`.
+        max_batch, max_wait_s: cross-request batching, see :class:`MicroBatcher`.
+
+    The caller keeps ownership of ``source`` (the app does not close it).
+    """
+    limits = limits or ServerLimits()
+    if not 1 <= default_topk <= limits.max_topk:
+        raise ValueError(f"default_topk must be between 1 and max_topk={limits.max_topk}, got {default_topk}")
+    batcher = MicroBatcher(source, max_batch=max_batch, max_wait_s=max_wait_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+
+    app = FastAPI(title="SearchQA Gym retrieval server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.batcher = batcher
+    app.state.limits = limits
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness plus batching counters (how many source calls served how many queries)."""
+        return {"status": "ok", "source": source.name, "source_calls": batcher.calls, "queries": batcher.queries}
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        """Answer ``{"queries", "topk", "return_scores"}`` with ``{"result": [...]}``, one list per query."""
+        with batcher.expect():  # a batch being gathered now may wait for this request
+            body = await _read_body(request, limits.max_body_bytes)
+            parsed = _parse_request(body)
+            topk = _resolve_topk(parsed.topk, default_topk, limits.max_topk)
+            _check_queries(parsed.queries, limits)
+        try:
+            results = await batcher.search(parsed.queries, topk)
+        except Exception as exc:
+            return JSONResponse({"detail": f"retrieval failed: {type(exc).__name__}: {exc}"}, status_code=500)
+        payload = {"result": [_layout(row[:topk], parsed.return_scores) for row in results]}
+        return Response(json.dumps(payload, ensure_ascii=False), media_type="application/json")
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing (413) as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HTTPException(400, f"invalid Content-Length header {declared!r}") from None
+        if size > limit:
+            raise HTTPException(413, f"request body of {size} bytes exceeds the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_request(body: bytes) -> RetrieveRequest:
+    """Validate the JSON body; 400 when it is not JSON, 422 with every field problem otherwise."""
+    try:
+        return RetrieveRequest.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if any(error["type"] == "json_invalid" for error in errors):
+            raise HTTPException(400, f"request body is not valid JSON: {errors[0]['msg']}") from None
+        problems = "; ".join(f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}" for error in errors)
+        raise HTTPException(
+            422, f'invalid request ({problems}); expected {{"queries": [str, ...], "topk": int, "return_scores": bool}}'
+        ) from None
+
+
+def _resolve_topk(topk: int | None, default: int, max_topk: int) -> int:
+    if not topk:  # the reference's rule: missing, null and 0 all mean the default
+        return default
+    if not 1 <= topk <= max_topk:
+        raise HTTPException(422, f"topk must be between 1 and {max_topk} (or 0/null for the default {default}), got {topk}")
+    return topk
+
+
+def _check_queries(queries: list[str], limits: ServerLimits) -> None:
+    if len(queries) > limits.max_queries:
+        raise HTTPException(413, f"{len(queries)} queries in one request; the limit is {limits.max_queries}")
+    for i, query in enumerate(queries):
+        if len(query) > limits.max_query_chars:
+            raise HTTPException(413, f"query {i} has {len(query)} characters; the limit is {limits.max_query_chars}")
+
+
+def _layout(passages: list[Passage], with_scores: bool) -> list[dict]:
+    if with_scores:
+        return [{"document": passage_to_document(p), "score": float(p.score)} for p in passages]
+    return [passage_to_document(p) for p in passages]
