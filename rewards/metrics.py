@@ -32,8 +32,8 @@ __all__ = [
 Normalization = Literal["squad", "r1"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_SQUAD_PUNCTUATION = frozenset(string.punctuation)
-_R1_PUNCTUATION = frozenset(string.punctuation + "\u2018\u2019\u00b4`")
+_SQUAD_DELETE_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_R1_PUNCTUATION_TO_SPACE = str.maketrans({ch: " " for ch in string.punctuation + "\u2018\u2019\u00b4`"})
 _R1_BOOLEANS = {"True": "yes", "False": "no"}
 # The official HotpotQA rule: a yes/no/noanswer prediction or gold only scores against the same word.
 _YES_NO = frozenset({"yes", "no", "noanswer"})
@@ -41,7 +41,7 @@ _YES_NO = frozenset({"yes", "no", "noanswer"})
 
 def normalize_squad(text: str) -> str:
     """SQuAD-style normalisation: lowercase, punctuation deleted, articles dropped, spaces collapsed."""
-    text = "".join(ch for ch in text.lower() if ch not in _SQUAD_PUNCTUATION)
+    text = text.lower().translate(_SQUAD_DELETE_PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
@@ -49,7 +49,7 @@ def normalize_r1(text: str) -> str:
     """R1-Searcher normalisation: exact ``True``/``False`` → ``yes``/``no``; ``_`` and punctuation
     become spaces (so ``"New_York"`` and ``"new-york"`` both give ``"new york"``); articles dropped."""
     text = _R1_BOOLEANS.get(text, text).replace("_", " ").lower()
-    text = "".join(" " if ch in _R1_PUNCTUATION else ch for ch in text)
+    text = text.translate(_R1_PUNCTUATION_TO_SPACE)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
