@@ -25,7 +25,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["search_env*", "agents*", "rewards*", "benchmarks*"]),
     package_data={"search_env": ["assets/*"]},
-    install_requires=["numpy>=1.24", "gymnasium>=1.0", "networkx>=3.0", "bm25s>=0.2", "tokenizers>=0.15"],
+    install_requires=["numpy>=1.24", "gymnasium>=1.0", "networkx>=3.0", "bm25s>=0.2", "tokenizers>=0.15", "urllib3>=2"],
     extras_require=EXTRAS,
     license="Apache-2.0",
 )
