@@ -84,6 +84,15 @@ def check_equivalent(tokenizer, protocol, ids, cuts, max_new_tokens, max_turns):
 
 
 
+@pytest.fixture(params=["tags-split-across-tokens", "builtin-tags-as-single-tokens"])
+def stream_tokenizer(request, split_tag_tokenizer):
+    if request.param == "tags-split-across-tokens":
+        return split_tag_tokenizer
+    from search_env.synthetic import load_builtin_tokenizer
+
+    return load_builtin_tokenizer()
+
+
 @pytest.mark.parametrize("protocol", ["search-r1", "r1-searcher", "research", "r-search", "reasoning-search"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
@@ -92,9 +101,9 @@ def check_equivalent(tokenizer, protocol, ids, cuts, max_new_tokens, max_turns):
     max_new_tokens=st.integers(3, 300),
     max_turns=st.sampled_from([None, 0, 1, 3]),
 )
-def test_chunks_equal_single_steps_on_scripted_streams(split_tag_tokenizer, protocol, fragments, cuts, max_new_tokens, max_turns):
-    ids = split_tag_tokenizer.encode("".join(fragments)).ids
-    check_equivalent(split_tag_tokenizer, protocol, ids, cuts, max_new_tokens, max_turns)
+def test_chunks_equal_single_steps_on_scripted_streams(stream_tokenizer, protocol, fragments, cuts, max_new_tokens, max_turns):
+    ids = stream_tokenizer.encode("".join(fragments)).ids
+    check_equivalent(stream_tokenizer, protocol, ids, cuts, max_new_tokens, max_turns)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
