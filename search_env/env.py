@@ -150,10 +150,8 @@ class SearchQAEnv(gym.Env):
         self._eos = self.codec.eos_ids
         self._watched = (self.protocol.call_close.encode(), self.protocol.answer_close.encode())
         self._max_tag = max(len(t) for t in self._watched)
-        finals = {t[-1] for t in self._watched}
-        # One pass over the vocabulary: which ids may complete a watched tag, and which need attention.
-        self._may_close = [any(b in finals for b in tb) for tb in self._tok_bytes]
-        self._attention = [mc or (i in self._eos) for i, mc in enumerate(self._may_close)]
+        # Which ids may complete a watched tag (they hold a tag's last byte), and which need attention.
+        self._may_close, self._attention = self.codec.tag_tables(frozenset(t[-1] for t in self._watched))
         self._done = True
         self._traj: Trajectory | None = None
 
@@ -180,7 +178,6 @@ class SearchQAEnv(gym.Env):
         self._buf = bytearray()
         self._ends: list[int] = []
         self._append_bytes(prompt_ids)
-        self._prompt_len = len(prompt_ids)
         self._prompt_bytes = len(self._buf)
         self._turn_start = len(self._buf)
         self._n_new = 0

@@ -71,7 +71,7 @@ class TokenCodec:
             raise ValueError("the tokenizer has no end-of-sequence token; pass eos_ids=[...] explicitly")
         self.pad_id = self._find_pad_id()
         self.token_bytes: list[bytes] = self._build_byte_table(backend)
-        self.eos_text = self.decode([min(self.eos_ids)], keep_eos=True)
+        self._tag_tables: dict[frozenset[int], tuple[list[bool], list[bool]]] = {}
 
     # -- construction helpers -------------------------------------------------------------------
     def _find_eos_ids(self) -> list[int]:
@@ -124,6 +124,17 @@ class TokenCodec:
                 table.append(raw if raw is not None else self.decode([tid]).encode("utf-8"))
         return table
 
+    def tag_tables(self, final_bytes: frozenset[int]) -> tuple[list[bool], list[bool]]:
+        """Per id: does its text hold one of ``final_bytes`` (so it may complete a tag ending in it),
+        and does it need the environment's attention (that, or it is an EOS id). One pass over the
+        vocabulary per set of tags, shared by every environment using this codec."""
+        tables = self._tag_tables.get(final_bytes)
+        if tables is None:
+            may_close = [any(b in final_bytes for b in tb) for tb in self.token_bytes]
+            attention = [flag or (i in self.eos_ids) for i, flag in enumerate(may_close)]
+            tables = self._tag_tables[final_bytes] = (may_close, attention)
+        return tables
+
     # -- text <-> ids -----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of environment text, without BOS/EOS or other special tokens added."""
@@ -131,10 +142,8 @@ class TokenCodec:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: Sequence[int], *, keep_eos: bool = False) -> str:
-        """Text of ``ids``. With ``keep_eos`` the tokenizer's own decoding (EOS text included)."""
-        if keep_eos:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` as the environment sees it (EOS ids add nothing; bad UTF-8 becomes U+FFFD)."""
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     @property
