@@ -6,8 +6,10 @@ real questions (HotpotQA dev by default), top-k 3 as in Search-R1. For each sour
 - in-process, one query per ``search`` call and 16 per call;
 - through the server (a ``python -m search_env.server`` subprocess on 127.0.0.1): one client sending
   1 query per request, one client sending 16 per request, 8 concurrent clients sending 1 per request
-  (each with its own keep-alive session, the way Search-R1-style clients post), and 16 concurrent
-  environments (16 threads sharing one RemoteSource, whose client-side batching merges their calls).
+  (each with its own keep-alive session, the way Search-R1-style clients post: ``requests`` by
+  default, ``--client urllib3`` for the lighter layer under it), and 16 concurrent environments (16
+  threads sharing one RemoteSource, whose client-side batching merges their calls). The clients run
+  on the same machine as the server and share its cores, as they did when the peer was measured.
 
 The peer is Search-R1's own retrieval server with the same encoder and a flat index on the same
 corpus, measured on this machine: 52 q/s at 1 query per request, 161 q/s at 16 per request, 58 q/s
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 import requests
+import urllib3
 
 from search_env.server.build import build_source
 from search_env.sources.base import Source
@@ -151,15 +154,37 @@ def bench_in_process(source: Source, questions: list[str], args: argparse.Namesp
     return results
 
 
+def poster(url: str, client: str, workers: int) -> tuple[Callable[[int, list[str]], None], Callable[[], None]]:
+    """``post(worker, queries)`` sending one ``/retrieve`` request on that worker's own keep-alive
+    connection, and a function closing them. ``requests`` is what Search-R1-style clients use;
+    ``urllib3`` is the layer under it, which costs the client about a third of the CPU per request."""
+    retrieve = f"{url}/retrieve"
+
+    def check(status: int, payload: dict, queries: list[str]) -> None:
+        if status != 200 or len(payload["result"]) != len(queries):
+            raise RuntimeError(f"the server answered HTTP {status} with {len(payload.get('result', []))} result lists for {len(queries)} queries")
+
+    if client == "requests":
+        sessions = [requests.Session() for _ in range(workers)]
+
+        def post(worker: int, queries: list[str]) -> None:
+            reply = sessions[worker].post(retrieve, json={"queries": queries, "topk": TOPK, "return_scores": True}, timeout=60)
+            check(reply.status_code, reply.json(), queries)
+
+        return post, lambda: [session.close() for session in sessions]
+    pools = [urllib3.connection_from_url(retrieve, maxsize=1, retries=False, timeout=60.0) for _ in range(workers)]
+
+    def post_urllib3(worker: int, queries: list[str]) -> None:
+        body = json.dumps({"queries": queries, "topk": TOPK, "return_scores": True}).encode("utf-8")
+        reply = pools[worker].urlopen("POST", "/retrieve", body=body, headers={"Content-Type": "application/json"})
+        check(reply.status, json.loads(reply.data), queries)
+
+    return post_urllib3, lambda: [pool.close() for pool in pools]
+
+
 def bench_server(url: str, questions: list[str], args: argparse.Namespace) -> dict[str, float]:
     retrieve = f"{url}/retrieve"
-    sessions = [requests.Session() for _ in range(8)]
-
-    def post(worker: int, queries: list[str]) -> None:
-        reply = sessions[worker].post(retrieve, json={"queries": queries, "topk": TOPK, "return_scores": True}, timeout=60)
-        reply.raise_for_status()
-        if len(reply.json()["result"]) != len(queries):
-            raise RuntimeError("the server answered the wrong number of queries")
+    post, close_clients = poster(url, args.client, 8)
 
     remote = RemoteSource(retrieve, name="bench", timeout_s=60)
     results = {}
@@ -172,8 +197,7 @@ def bench_server(url: str, questions: list[str], args: argparse.Namespace) -> di
         )
     finally:
         remote.close()
-        for session in sessions:
-            session.close()
+        close_clients()
     return results
 
 
@@ -188,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index-dir", type=Path, default=Path.home() / ".cache" / "searchqa_gym" / "throughput")
     parser.add_argument("--startup-seconds", type=float, default=1800.0, help="bound on server start (a first dense start encodes the corpus)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the dense encoder, in the server and in-process (default 1)")
+    parser.add_argument("--client", choices=("requests", "urllib3"), default="requests",
+                        help="HTTP client of the 1/request, 16/request and 8-client figures (default requests, as Search-R1's clients)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the dense encoder (server and in-process)")
     parser.add_argument("--skip-in-process", action="store_true")
     args = parser.parse_args(argv)
 
@@ -195,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[str, dict[str, float]] = {}
     for retriever in [r.strip() for r in args.retrievers.split(",") if r.strip()]:
         print(f"[{retriever}] starting the server (index cache: {args.index_dir})", flush=True)
-        server_args = ["--corpus", str(args.corpus), "--retriever", retriever, "--index-dir", str(args.index_dir), "--threads", str(args.threads)]
+        server_args = ["--corpus", str(args.corpus), "--retriever", retriever, "--index-dir", str(args.index_dir), "--threads", str(args.threads)] + (["--compile"] if args.compile else [])
         server = ServerProcess(server_args, args.startup_seconds)
         try:
             table[retriever] = bench_server(server.url, questions, args)
@@ -204,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             server.stop()
         if not args.skip_in_process:
-            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads)
+            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads, compile_encoder=args.compile)
             try:
                 table[retriever].update(bench_in_process(source, questions, args))
             finally:
@@ -218,7 +245,8 @@ def print_table(table: dict[str, dict[str, float]], args: argparse.Namespace) ->
     rows = list(dict.fromkeys(label for figures in table.values() for label in figures))
     header = f"{'queries/s (median of %d runs)' % args.runs:<34}" + "".join(f"{r:>10}" for r in retrievers) + f"{'peer':>10}{'dense/peer':>12}{'target':>8}"
     print()
-    print(f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder threads {args.threads}; machine: {os.cpu_count()} CPU cores")
+    print(f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder threads {args.threads}{' (compiled)' if args.compile else ''}; "
+          f"client {args.client}, on the same machine as the server: {os.cpu_count()} CPU cores")
     print(header)
     print("-" * len(header))
     for label in rows:

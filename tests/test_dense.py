@@ -29,6 +29,7 @@ from search_env.sources.dense import (
     passage_text,
 )
 from search_env.sources.encoders import (
+    MIN_SLICE,
     PREFIX_PRESETS,
     TextEncoder,
     TransformersEncoder,
@@ -114,6 +115,19 @@ def test_length_sorted_batches_equal_one_by_one_encoding(encoder: TransformersEn
     assert encoder.encode_queries([]).shape == (0, 32)
 
 
+@pytest.mark.parametrize("n", [3, 8, 9])
+def test_a_small_query_batch_split_over_workers_equals_one_by_one(tiny_model_dir: Path, n: int) -> None:
+    # n <= batch_size: from 2 * MIN_SLICE texts on, the batch is cut into one slice per worker,
+    # each written back in input order
+    encoder = TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=16, workers=2, prefixes="none")
+    queries = [passage_text(p) for p in CORPUS[:n]]
+    assert len({len(q.split()) for q in queries}) > n // 2  # varied lengths, so sorting reorders them
+    batched = encoder.encode_queries(queries)
+    single = np.stack([encoder.encode_queries([q])[0] for q in queries])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+    assert (encoder._workers_pool is not None) == (n >= 2 * MIN_SLICE)
+
+
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_pooling_matches_hand_computation(tiny_model_dir: Path, pooling: str) -> None:
     enc = TransformersEncoder(tiny_model_dir, pooling=pooling, precision="fp32", prefixes="none")
@@ -194,8 +208,13 @@ def test_signature_tracks_what_changes_passage_embeddings(tiny_model_dir: Path, 
 
 def test_bf16_close_to_fp32(tiny_model_dir: Path, encoder: TransformersEncoder) -> None:
     bf16 = TransformersEncoder(tiny_model_dir, precision="bf16", prefixes="none")
+    # converted once at load (not autocast on every call), while the output stays float32
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
     texts = [passage_text(p) for p in CORPUS[:8]]
-    cosine = (bf16.encode_passages(texts) * encoder.encode_passages(texts)).sum(axis=1)
+    vectors = bf16.encode_passages(texts)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    cosine = (vectors * encoder.encode_passages(texts)).sum(axis=1)
     assert cosine.min() > 0.99
     with pytest.raises(ValueError, match="precision"):
         TransformersEncoder(tiny_model_dir, precision="int4")  # type: ignore[arg-type]
@@ -368,3 +387,25 @@ def test_minilm_matches_sentence_transformers_reference(shared_data: Path) -> No
     reference = sentence_transformers.SentenceTransformer(str(default_model_path()), device="cpu").encode(
         texts, normalize_embeddings=True)
     np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_minilm_bf16_weights_match_fp32(shared_data: Path) -> None:
+    # bf16 weights (the default on CPUs with native bfloat16) must not move embeddings enough to
+    # change rankings: the cosine to the fp32 embedding of each text stays above 0.999
+    passages = as_passages(shared_data / "corpus.jsonl")[:16]
+    texts = [passage_text(p) for p in passages] + ["Who is the spouse of the Green performer?"]
+    fp32 = TransformersEncoder(precision="fp32").encode_passages(texts)
+    bf16 = TransformersEncoder(precision="bf16").encode_passages(texts)
+    assert (fp32 * bf16).sum(axis=1).min() > 0.999
+
+
+@pytest.mark.slow
+def test_compiled_encoder_equals_eager(tiny_model_dir: Path, encoder: TransformersEncoder) -> None:
+    # torch.compile needs a C++ compiler on CPU and takes tens of seconds even for a tiny model
+    compiled = TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=4, workers=2, prefixes="none",
+                                   compile_model=True)
+    assert compiled.compiled and "compiled=True" in repr(compiled)
+    texts = [passage_text(p) for p in CORPUS]
+    np.testing.assert_allclose(compiled.encode_passages(texts), encoder.encode_passages(texts), atol=1e-4)
+    np.testing.assert_allclose(compiled.encode_queries(texts[:1]), encoder.encode_queries(texts[:1]), atol=1e-4)

@@ -482,6 +482,8 @@ def test_cli_defaults_bind_loopback_with_search_r1_topk() -> None:
 
     args = parse_args(["--corpus", "c.jsonl"])
     assert (args.host, args.port, args.topk, args.retriever) == ("127.0.0.1", 8000, 3, "bm25")
+    assert not args.compile  # compiling the encoder costs about a minute at start: opt-in only
+    assert parse_args(["--corpus", "c.jsonl", "--retriever", "dense", "--compile"]).compile
 
 
 # --- building the served source ------------------------------------------------------------------

@@ -52,6 +52,7 @@ def build_source(
     encoder: str | None = None,
     rebuild: bool = False,
     threads: int = 1,
+    compile_encoder: bool = False,
 ) -> Source:
     """The Source for ``retriever`` over a corpus file or a list of ``{id, title, text}`` passages.
 
@@ -69,6 +70,8 @@ def build_source(
             from another corpus or encoder is an error unless this is set: re-encoding is costly).
         threads: torch threads for query encoding. One is the safe default on a shared machine,
             where more threads than free cores slows encoding down several-fold.
+        compile_encoder: ``torch.compile`` the dense encoder at start (slower start, faster
+            queries; see :class:`~search_env.sources.encoders.TransformersEncoder`).
     """
     if (corpus is None) == (passages is None):
         raise ValueError("build_source needs exactly one of corpus= and passages=")
@@ -92,7 +95,7 @@ def build_source(
 
         corpus_or_passages = str(corpus) if corpus is not None else [Passage(p["id"], p["title"], p["text"]) for p in passages or []]
         return DenseSource(
-            corpus_or_passages, TransformersEncoder(encoder, num_threads=threads), index="flat",
+            corpus_or_passages, TransformersEncoder(encoder, num_threads=threads, compile_model=compile_encoder), index="flat",
             index_dir=folder / "dense" if folder is not None else None, rebuild=rebuild, name=name,
         )
 
