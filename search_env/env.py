@@ -77,7 +77,8 @@ class SearchQAEnv(gym.Env):
         reward / reward_options: override the protocol's reward preset and its options.
         evidence_model / judge: model-based reward parts passed to :func:`rewards.score`.
         max_new_tokens: agent tokens per episode before truncation.
-        max_turns: searches per episode (default: the protocol's); further calls get an error observation.
+        max_turns: searches per episode (-1, the default: the protocol's; None: unlimited); further calls
+            get an error observation.
         max_context: total tokens (prompt included) before truncation.
         max_result_tokens: cap on the document tokens of one result block (the closing tag is kept).
         top_k: passages per query (default: the protocol's).

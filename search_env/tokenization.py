@@ -62,9 +62,8 @@ class TokenCodec:
     def __init__(self, tokenizer: Any, *, eos_ids: Sequence[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self._is_hf = hasattr(tokenizer, "convert_ids_to_tokens")
-        backend = tokenizer.backend_tokenizer if self._is_hf and hasattr(tokenizer, "backend_tokenizer") else (
-            None if self._is_hf else tokenizer
-        )
+        # The underlying `tokenizers.Tokenizer` (None for a slow transformers tokenizer).
+        backend = getattr(tokenizer, "backend_tokenizer", None) if self._is_hf else tokenizer
         self.vocab_size = len(tokenizer) if self._is_hf else tokenizer.get_vocab_size(with_added_tokens=True)
         self.eos_ids = frozenset(eos_ids if eos_ids is not None else self._find_eos_ids())
         if not self.eos_ids:
@@ -108,7 +107,8 @@ class TokenCodec:
         else:
             pieces = [backend.id_to_token(i) for i in range(self.vocab_size)]
         decoder = type(backend.decoder).__name__ if backend is not None and backend.decoder is not None else ""
-        sentencepiece = decoder in ("Metaspace", "Sequence") and any(p and "\u2581" in p for p in pieces[:2000] if p)
+        sentencepiece = decoder in ("Metaspace", "Sequence") and any("\u2581" in p for p in pieces[:2000] if p)
+        byte_level = decoder in ("ByteLevel", "")
         table: list[bytes] = []
         for tid, piece in enumerate(pieces):
             if tid in self.eos_ids:
@@ -120,8 +120,9 @@ class TokenCodec:
             elif sentencepiece:
                 table.append(_piece_bytes_sentencepiece(piece))
             else:
-                raw = _piece_bytes_byte_level(piece) if decoder in ("ByteLevel", "") or "ByteLevel" in decoder else None
-                table.append(raw if raw is not None else self.decode([tid]).encode("utf-8"))
+                raw = _piece_bytes_byte_level(piece) if byte_level else None
+                # Last resort: the tokenizer's own decoding of the id alone.
+                table.append(raw if raw is not None else self.tokenizer.decode([tid]).encode("utf-8"))
         return table
 
     def tag_tables(self, final_bytes: frozenset[int]) -> tuple[list[bool], list[bool]]:

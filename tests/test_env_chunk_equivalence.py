@@ -21,10 +21,11 @@ FRAGMENTS = [
 ]
 
 
-def run_single(env: SearchQAEnv, ids: list[int]):
+def run_steps(env: SearchQAEnv, actions):
+    """Step ``actions`` until the episode ends; collect what every step returned."""
     obs_ids, producers, events, reward, end = [], [], [], 0.0, (False, False)
-    for t in ids:
-        obs, r, term, trunc, info = env.step(t)
+    for action in actions:
+        obs, r, term, trunc, info = env.step(action)
         obs_ids.extend(obs["token_ids"])
         producers.extend(obs["producers"])
         events.extend(info.get("events", []))
@@ -33,22 +34,15 @@ def run_single(env: SearchQAEnv, ids: list[int]):
         if term or trunc:
             break
     return obs_ids, producers, events, reward, end
+
+
+def run_single(env: SearchQAEnv, ids: list[int]):
+    return run_steps(env, ids)
 
 
 def run_chunked(env: SearchQAEnv, ids: list[int], cuts: list[int]):
-    obs_ids, producers, events, reward, end = [], [], [], 0.0, (False, False)
     bounds = sorted({c % (len(ids) + 1) for c in cuts} | {0, len(ids)})
-    for lo, hi in zip(bounds, bounds[1:]):
-        obs, r, term, trunc, info = env.step(np.asarray(ids[lo:hi]))
-        assert info["consumed"] <= hi - lo
-        obs_ids.extend(obs["token_ids"])
-        producers.extend(obs["producers"])
-        events.extend(info.get("events", []))
-        reward += r
-        end = (term, trunc)
-        if term or trunc:
-            break
-    return obs_ids, producers, events, reward, end
+    return run_steps(env, (np.asarray(ids[lo:hi]) for lo, hi in zip(bounds, bounds[1:])))
 
 
 def comparable(env: SearchQAEnv) -> dict:
