@@ -156,7 +156,10 @@ def test_health(server: RetrievalServer) -> None:
     post(server, {"queries": ["a", "b"], "topk": 1})
     reply = requests.get(f"{server.url}/health", timeout=WAIT_S)
     assert reply.status_code == 200
-    assert reply.json() == {"status": "ok", "source": "fake", "source_calls": before["source_calls"] + 1, "queries": before["queries"] + 2}
+    after = reply.json()
+    inline = after.pop("inline_calls")  # whether this lone request ran inline depends on the module's earlier clients
+    assert after == {"status": "ok", "source": "fake", "source_calls": before["source_calls"] + 1, "queries": before["queries"] + 2}
+    assert before["inline_calls"] <= inline <= before["inline_calls"] + 1
 
 
 def test_binds_loopback_by_default(server: RetrievalServer) -> None:
@@ -376,6 +379,134 @@ def test_one_bad_request_does_not_fail_its_batch_mates() -> None:
     assert [p.id for p in good[0]] == ["good/0"]
     assert isinstance(bad, SourceError)
     assert sorted(source.calls[1][0]) == ["boom", "good"]  # merged first, then retried one by one
+
+
+class ThreadRecordingSource(FakeSource):
+    """Records the thread each call ran on; a call whose queries include "hold" waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+        self.release = threading.Event()
+        self.holding = threading.Event()
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        self.threads.append(threading.get_ident())
+        if "hold" in queries:
+            self.holding.set()
+            assert self.release.wait(WAIT_S), "test never released the held call"
+        return super().search(queries, k)
+
+
+def test_micro_batcher_runs_up_to_concurrency_calls_at_once() -> None:
+    source = ThreadRecordingSource()
+
+    async def scenario() -> list:
+        batcher = MicroBatcher(source, max_wait_s=0.0, concurrency=2)
+        await batcher.start()
+        try:
+            held = asyncio.create_task(batcher.search(["hold"], 1))
+            while not source.holding.is_set():
+                await asyncio.sleep(0.005)
+            # the first call is blocked on its thread; the second must still be answered
+            second = await batcher.search(["free"], 1)
+            source.release.set()
+            return [await held, second]
+        finally:
+            source.release.set()
+            await batcher.stop()
+
+    held, second = run_async(scenario())
+    assert [p.id for p in held[0]] == ["hold/0"] and [p.id for p in second[0]] == ["free/0"]
+    assert [queries for queries, _ in source.calls] == [["free"], ["hold"]]  # "free" finished while "hold" ran
+    assert source.threads[0] != source.threads[1]
+
+
+def test_micro_batcher_one_call_at_a_time_by_default() -> None:
+    source = ThreadRecordingSource()
+
+    async def scenario() -> None:
+        batcher = MicroBatcher(source, max_wait_s=0.0)
+        await batcher.start()
+        try:
+            held = asyncio.create_task(batcher.search(["hold"], 1))
+            while not source.holding.is_set():
+                await asyncio.sleep(0.005)
+            waiting = asyncio.create_task(batcher.search(["queued"], 1))
+            await asyncio.sleep(0.05)
+            assert len(source.threads) == 1  # the second request waits for the first call
+            source.release.set()
+            await asyncio.gather(held, waiting)
+        finally:
+            source.release.set()
+            await batcher.stop()
+
+    run_async(scenario())
+    assert [queries for queries, _ in source.calls] == [["hold"], ["queued"]]
+    assert len(set(source.threads)) == 1
+
+
+def test_lone_client_is_searched_on_the_event_loop_and_a_second_client_stops_that() -> None:
+    source = ThreadRecordingSource()
+
+    async def scenario() -> tuple[int, int]:
+        batcher = MicroBatcher(source, max_wait_s=0.0, concurrency=2)
+        await batcher.start()
+        try:
+            loop_thread = threading.get_ident()
+            for i in range(3):  # one client, one request after another
+                await batcher.search([f"a{i}"], 1, client=("127.0.0.1", 1000))
+            lone_calls = batcher.inline_calls
+            await batcher.search(["b0"], 1, client=("127.0.0.1", 2000))  # a second connection
+            await batcher.search(["a3"], 1, client=("127.0.0.1", 1000))
+            await batcher.search(["anonymous"], 1)  # no client identity: never inline
+            return loop_thread, lone_calls
+        finally:
+            await batcher.stop()
+
+    loop_thread, lone_calls = run_async(scenario())
+    assert lone_calls == 3
+    on_loop = [thread == loop_thread for thread in source.threads]
+    assert on_loop == [True, True, True, False, False, False]
+
+
+def test_large_lone_request_goes_to_a_worker_thread() -> None:
+    from search_env.server.batching import INLINE_MAX_QUERIES
+
+    source = ThreadRecordingSource()
+
+    async def scenario() -> int:
+        batcher = MicroBatcher(source, max_wait_s=0.0)
+        await batcher.start()
+        try:
+            await batcher.search([f"q{i}" for i in range(INLINE_MAX_QUERIES + 1)], 1, client=("127.0.0.1", 1000))
+            await batcher.search(["small"], 1, client=("127.0.0.1", 1000))
+            return threading.get_ident()
+        finally:
+            await batcher.stop()
+
+    loop_thread = run_async(scenario())
+    assert [thread == loop_thread for thread in source.threads] == [False, True]
+
+
+def test_stop_fails_requests_whose_search_is_running() -> None:
+    source = ThreadRecordingSource()
+
+    async def scenario() -> BaseException | list:
+        batcher = MicroBatcher(source, max_wait_s=0.0, concurrency=2)
+        await batcher.start()
+        held = asyncio.create_task(batcher.search(["hold"], 1))
+        while not source.holding.is_set():
+            await asyncio.sleep(0.005)
+        # stop() joins the worker thread (blocking the loop), so the release must come from a thread
+        release = threading.Timer(0.1, source.release.set)
+        release.start()
+        await batcher.stop()
+        release.join()
+        return (await asyncio.gather(held, return_exceptions=True))[0]
+
+    outcome = run_async(scenario())
+    assert isinstance(outcome, RuntimeError) and "shutting down" in str(outcome)
 
 
 # --- a real source end to end, and the command line ----------------------------------------------------

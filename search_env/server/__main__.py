@@ -23,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from search_env.server.app import ServerLimits
 from search_env.server.build import RETRIEVERS, build_source, synthetic_passages
 from search_env.server.runner import LOOPBACK, serve
+from search_env.sources.encoders import available_cores
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--port", type=int, default=8000, help="default 8000")
     server.add_argument("--max-batch", type=int, default=128, help="queries gathered into one search call (default 128)")
     server.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait for requests already being read (default 2 ms)")
+    server.add_argument("--concurrency", type=int, default=None,
+                        help="search calls that may run at once, one per worker thread (default: one per available core)")
     defaults = ServerLimits()
     server.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     server.add_argument("--max-queries", type=int, default=defaults.max_queries, help="queries per request")
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if bool(args.corpus) == bool(args.synthetic):
         parser.error("give exactly one of --corpus PATH and --synthetic")
+    if args.concurrency is not None and args.concurrency < 1:
+        parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.synthetic_source and not args.synthetic:
         parser.error("--synthetic-source needs --synthetic")
     return args
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         serve(
             source, host=args.host, port=args.port, log_level=args.log_level, default_topk=args.topk,
             limits=limits, max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1000,
+            concurrency=args.concurrency or available_cores(),
         )
     finally:
         source.close()

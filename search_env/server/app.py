@@ -19,9 +19,12 @@ import json
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from search_env.server.batching import MicroBatcher
 from search_env.sources.base import Passage, Source
@@ -67,40 +70,37 @@ def create_app(
     limits: ServerLimits | None = None,
     max_batch: int = 128,
     max_wait_s: float = 0.002,
-) -> FastAPI:
+    concurrency: int = 1,
+) -> Starlette:
     """Build the retrieval app serving ``source``.
 
     Args:
-        source: answers every request; called from one worker thread only.
+        source: answers every request, from up to ``concurrency`` worker threads at once.
         default_topk: passages per query when a request gives no (or a 0) ``topk``; Search-R1's default is 3.
         limits: request bounds; see :class:`ServerLimits`.
-        max_batch, max_wait_s: cross-request batching, see :class:`MicroBatcher`.
+        max_batch, max_wait_s, concurrency: cross-request batching and how many source calls may
+            run at once, see :class:`MicroBatcher`.
 
     The caller keeps ownership of ``source`` (the app does not close it).
     """
     limits = limits or ServerLimits()
     if not 1 <= default_topk <= limits.max_topk:
         raise ValueError(f"default_topk must be between 1 and max_topk={limits.max_topk}, got {default_topk}")
-    batcher = MicroBatcher(source, max_batch=max_batch, max_wait_s=max_wait_s)
+    batcher = MicroBatcher(source, max_batch=max_batch, max_wait_s=max_wait_s, concurrency=concurrency)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await batcher.start()
         try:
             yield
         finally:
             await batcher.stop()
 
-    app = FastAPI(title="SearchQA Gym retrieval server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.batcher = batcher
-    app.state.limits = limits
-
-    @app.get("/health")
-    async def health() -> dict:
+    async def health(_: Request) -> Response:
         """Liveness plus batching counters (how many source calls served how many queries)."""
-        return {"status": "ok", "source": source.name, "source_calls": batcher.calls, "queries": batcher.queries}
+        return JSONResponse({"status": "ok", "source": source.name, "source_calls": batcher.calls,
+                             "inline_calls": batcher.inline_calls, "queries": batcher.queries})
 
-    @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
         """Answer ``{"queries", "topk", "return_scores"}`` with ``{"result": [...]}``, one list per query."""
         with batcher.expect():  # a batch being gathered now may wait for this request
@@ -109,13 +109,26 @@ def create_app(
             topk = _resolve_topk(parsed.topk, default_topk, limits.max_topk)
             _check_queries(parsed.queries, limits)
         try:
-            results = await batcher.search(parsed.queries, topk)
+            results = await batcher.search(parsed.queries, topk, client=request.scope.get("client"))
         except Exception as exc:
             return JSONResponse({"detail": f"retrieval failed: {type(exc).__name__}: {exc}"}, status_code=500)
         payload = {"result": [_layout(row[:topk], parsed.return_scores) for row in results]}
         return Response(json.dumps(payload, ensure_ascii=False), media_type="application/json")
 
+    app = Starlette(
+        routes=[Route("/retrieve", retrieve, methods=["POST"]), Route("/health", health, methods=["GET"])],
+        exception_handlers={HTTPException: _error_response},
+        lifespan=lifespan,
+    )
+    app.state.batcher = batcher
+    app.state.limits = limits
     return app
+
+
+async def _error_response(_: Request, exc: Exception) -> Response:
+    """Every refusal (ours, and Starlette's 404/405) as ``{"detail": "..."}``, the reference's error layout."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -304,7 +304,7 @@ class RemoteSource(Source):
 
 
 def _reply_detail(data: bytes, limit: int = 300) -> str:
-    """The server's error message (FastAPI's ``detail``) or the start of the body."""
+    """The server's error message (its ``detail`` field, as Search-R1's FastAPI server and ours send it) or the start of the body."""
     try:
         body = json.loads(data)
     except ValueError:
