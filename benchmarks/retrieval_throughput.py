@@ -12,8 +12,11 @@ real questions (HotpotQA dev by default), top-k 3 as in Search-R1. For each sour
   on the same machine as the server and share its cores, as they did when the peer was measured.
 
 The peer is Search-R1's own retrieval server with the same encoder and a flat index on the same
-corpus, measured on this machine: 52 q/s at 1 query per request, 161 q/s at 16 per request, 58 q/s
-with 8 clients. Targets: at least 2x the peer at 1 query per request, 3x with 8 clients.
+corpus, measured on this machine when the targets were set: 52 q/s at 1 query per request, 161 q/s
+at 16 per request, 58 q/s with 8 clients. Targets: at least 2x the peer at 1 query per request, 3x
+with 8 clients. This machine's speed drifts, so ``--peer`` also runs a stand-in for that server
+(:mod:`benchmarks.peers.search_r1_server`) beside ours and alternates their runs, one of ours then
+one of the peer's, for each of the three client figures: the side-by-side ratio is the one to trust.
 
 Every figure is the median of ``--runs`` timed runs after one warm-up run; each run is bounded in
 query count (``--queries``) and wall time (``--max-seconds``). Only 127.0.0.1 is contacted.
@@ -46,6 +49,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PEER_QPS = {"1/request": 52.0, "16/request": 161.0, "8 clients": 58.0}
 TARGET_X = {"1/request": 2.0, "8 clients": 3.0}
 TOPK = 3
+PEER = "peer now"  # the Search-R1 stand-in, measured beside ours
 
 
 def load_questions(path: Path, limit: int) -> list[str]:
@@ -106,6 +110,18 @@ def median_qps(runs: int, measure: Callable[[], float]) -> float:
     return statistics.median(measure() for _ in range(runs))
 
 
+def alternating_median_qps(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """Median queries/s of each measure, their runs alternated (one of each in turn) so that every
+    measure sees the same drift of the machine's speed."""
+    for measure in measures.values():
+        measure()  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(runs):
+        for name, measure in measures.items():
+            samples[name].append(measure())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -113,15 +129,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m search_env.server`` in a subprocess on 127.0.0.1, stopped on exit."""
+    """``python -m <module>`` (by default our server) in a subprocess on 127.0.0.1, stopped on exit."""
 
-    def __init__(self, args: list[str], startup_s: float) -> None:
+    def __init__(self, args: list[str], startup_s: float, module: str = "search_env.server", quiet: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         repo = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        command = [sys.executable, "-m", "search_env.server", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", *args]
-        self.process = subprocess.Popen(command, env=env)
+        command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL if quiet else None)
         deadline = time.monotonic() + startup_s
         while True:
             if self.process.poll() is not None:
@@ -182,22 +198,33 @@ def poster(url: str, client: str, workers: int) -> tuple[Callable[[int, list[str
     return post_urllib3, lambda: [pool.close() for pool in pools]
 
 
-def bench_server(url: str, questions: list[str], args: argparse.Namespace) -> dict[str, float]:
-    retrieve = f"{url}/retrieve"
-    post, close_clients = poster(url, args.client, 8)
+CLIENT_FIGURES = (("1/request", 1, 1, 1), ("16/request", 1, 16, 4), ("8 clients", 8, 1, 2))  # label, clients, queries/request, budget x
 
-    remote = RemoteSource(retrieve, name="bench", timeout_s=60)
-    results = {}
+
+def bench_server(urls: dict[str, str], questions: list[str], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The client figures for every server in ``urls`` (name -> base URL), runs alternated between
+    servers; then the 16-environment figure for the first one."""
+    posters = {name: poster(url, args.client, 8) for name, url in urls.items()}
+    results: dict[str, dict[str, float]] = {name: {} for name in urls}
     try:
-        results["1/request"] = median_qps(args.runs, lambda: timed(1, 1, args.queries, args.max_seconds, questions, post))
-        results["16/request"] = median_qps(args.runs, lambda: timed(1, 16, args.queries * 4, args.max_seconds, questions, post))
-        results["8 clients"] = median_qps(args.runs, lambda: timed(8, 1, args.queries * 2, args.max_seconds, questions, post))
-        results["16 envs (RemoteSource)"] = median_qps(
+        for label, clients, per_request, scale in CLIENT_FIGURES:
+            measures = {
+                name: (lambda post=post, c=clients, n=per_request, b=args.queries * scale: timed(c, n, b, args.max_seconds, questions, post))
+                for name, (post, _) in posters.items()
+            }
+            for name, qps in alternating_median_qps(args.runs, measures).items():
+                results[name][label] = qps
+    finally:
+        for _, close in posters.values():
+            close()
+    name, url = next(iter(urls.items()))
+    remote = RemoteSource(f"{url}/retrieve", name="bench", timeout_s=60)
+    try:
+        results[name]["16 envs (RemoteSource)"] = median_qps(
             args.runs, lambda: timed(16, 1, args.queries * 2, args.max_seconds, questions, lambda _, q: remote.search(q, TOPK))
         )
     finally:
         remote.close()
-        close_clients()
     return results
 
 
@@ -215,23 +242,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client", choices=("requests", "urllib3"), default="requests",
                         help="HTTP client of the 1/request, 16/request and 8-client figures (default requests, as Search-R1's clients)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the dense encoder (server and in-process)")
+    parser.add_argument("--backend", choices=("auto", "torch", "openvino"), default="auto",
+                        help="dense encoder runtime, server and in-process (default auto: OpenVINO when installed)")
     parser.add_argument("--skip-in-process", action="store_true")
+    parser.add_argument("--peer", action="store_true",
+                        help="also run the Search-R1 stand-in (benchmarks.peers.search_r1_server) beside the dense server, runs alternated")
     args = parser.parse_args(argv)
 
     questions = load_questions(args.questions, 10_000)
     table: dict[str, dict[str, float]] = {}
     for retriever in [r.strip() for r in args.retrievers.split(",") if r.strip()]:
         print(f"[{retriever}] starting the server (index cache: {args.index_dir})", flush=True)
-        server_args = ["--corpus", str(args.corpus), "--retriever", retriever, "--index-dir", str(args.index_dir), "--threads", str(args.threads)] + (["--compile"] if args.compile else [])
-        server = ServerProcess(server_args, args.startup_seconds)
+        server_args = ["--corpus", str(args.corpus), "--retriever", retriever, "--index-dir", str(args.index_dir),
+                       "--threads", str(args.threads), "--backend", args.backend, "--log-level", "warning"] + (["--compile"] if args.compile else [])
+        servers = {retriever: ServerProcess(server_args, args.startup_seconds)}
         try:
-            table[retriever] = bench_server(server.url, questions, args)
-            health = server.health()
-            print(f"[{retriever}] server: {health['queries']} queries in {health['source_calls']} source calls", flush=True)
+            if args.peer and retriever == "dense":  # after ours: its start builds the index the peer reads
+                print("[peer] starting the Search-R1 stand-in beside it", flush=True)
+                peer_args = ["--index-dir", str(args.index_dir / "dense"), "--corpus", str(args.corpus)]
+                servers[PEER] = ServerProcess(peer_args, args.startup_seconds, module="benchmarks.peers.search_r1_server", quiet=True)
+            figures = bench_server({name: server.url for name, server in servers.items()}, questions, args)
+            health = servers[retriever].health()
+            print(f"[{retriever}] server: {health['queries']} queries in {health['source_calls']} source calls "
+                  f"({health.get('inline_calls', 0)} on the event-loop thread)", flush=True)
         finally:
-            server.stop()
+            for server in servers.values():
+                server.stop()
+        table.update(figures)
         if not args.skip_in_process:
-            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads, compile_encoder=args.compile)
+            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads, compile_encoder=args.compile, backend=args.backend)
             try:
                 table[retriever].update(bench_in_process(source, questions, args))
             finally:
@@ -241,23 +280,28 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_table(table: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    retrievers = list(table)
-    rows = list(dict.fromkeys(label for figures in table.values() for label in figures))
-    header = f"{'queries/s (median of %d runs)' % args.runs:<34}" + "".join(f"{r:>10}" for r in retrievers) + f"{'peer':>10}{'dense/peer':>12}{'target':>8}"
+    """Our retrievers' figures; for the client figures, dense against the peer's figures from when
+    the targets were set and, with ``--peer``, against the stand-in measured beside it."""
+    ours = [name for name in table if name != PEER]
+    rows = list(dict.fromkeys(label for name in ours for label in table[name]))
+    side_by_side = PEER in table
+    columns = ours + ["peer then", "dense/then"] + ([PEER, "dense/peer"] if side_by_side else []) + ["target"]
+    header = f"{'queries/s (median of %d runs)' % args.runs:<28}" + "".join(f"{c:>13}" for c in columns)
     print()
-    print(f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder threads {args.threads}{' (compiled)' if args.compile else ''}; "
+    print(f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder backend {args.backend}, torch threads {args.threads}{' (compiled)' if args.compile else ''}; "
           f"client {args.client}, on the same machine as the server: {os.cpu_count()} CPU cores")
     print(header)
     print("-" * len(header))
     for label in rows:
-        line = f"{label:<34}" + "".join(f"{table[r].get(label, float('nan')):>10.1f}" for r in retrievers)
-        peer = PEER_QPS.get(label)
-        if peer is not None:
-            dense = table.get("dense", {}).get(label)
-            ratio = f"{dense / peer:.2f}x" if dense is not None else "-"
-            target = f">={TARGET_X[label]:.0f}x" if label in TARGET_X else ""
-            line += f"{peer:>10.1f}{ratio:>12}{target:>8}"
-        print(line)
+        cells = [f"{table[name].get(label, float('nan')):.1f}" for name in ours]
+        dense = table.get("dense", {}).get(label)
+        then = PEER_QPS.get(label)
+        cells += [f"{then:.1f}", f"{dense / then:.2f}x"] if then is not None and dense is not None else ["", ""]
+        if side_by_side:
+            now = table[PEER].get(label)
+            cells += [f"{now:.1f}", f"{dense / now:.2f}x"] if now is not None and dense is not None else ["", ""]
+        cells.append(f">={TARGET_X[label]:.0f}x" if label in TARGET_X else "")
+        print(f"{label:<28}" + "".join(f"{cell:>13}" for cell in cells))
 
 
 if __name__ == "__main__":

@@ -81,8 +81,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model_dir: Path) -> TransformersEncoder:
-    # two workers so that the concurrent batch path runs even on a one-core machine
-    return TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=4, workers=2, prefixes="none")
+    # torch with two workers, so that the concurrent batch path runs even on a one-core machine;
+    # the OpenVINO backend is checked against this one below
+    return TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=4, workers=2, prefixes="none", backend="torch")
 
 
 class CountingEncoder(TextEncoder):
@@ -119,7 +120,7 @@ def test_length_sorted_batches_equal_one_by_one_encoding(encoder: TransformersEn
 def test_a_small_query_batch_split_over_workers_equals_one_by_one(tiny_model_dir: Path, n: int) -> None:
     # n <= batch_size: from 2 * MIN_SLICE texts on, the batch is cut into one slice per worker,
     # each written back in input order
-    encoder = TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=16, workers=2, prefixes="none")
+    encoder = TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=16, workers=2, prefixes="none", backend="torch")
     queries = [passage_text(p) for p in CORPUS[:n]]
     assert len({len(q.split()) for q in queries}) > n // 2  # varied lengths, so sorting reorders them
     batched = encoder.encode_queries(queries)
@@ -207,7 +208,7 @@ def test_signature_tracks_what_changes_passage_embeddings(tiny_model_dir: Path, 
 
 
 def test_bf16_close_to_fp32(tiny_model_dir: Path, encoder: TransformersEncoder) -> None:
-    bf16 = TransformersEncoder(tiny_model_dir, precision="bf16", prefixes="none")
+    bf16 = TransformersEncoder(tiny_model_dir, precision="bf16", prefixes="none", backend="torch")
     # converted once at load (not autocast on every call), while the output stays float32
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
     texts = [passage_text(p) for p in CORPUS[:8]]
@@ -218,6 +219,44 @@ def test_bf16_close_to_fp32(tiny_model_dir: Path, encoder: TransformersEncoder) 
     assert cosine.min() > 0.99
     with pytest.raises(ValueError, match="precision"):
         TransformersEncoder(tiny_model_dir, precision="int4")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_openvino_backend_equals_torch(tiny_model_dir: Path, pooling: str) -> None:
+    ov = TransformersEncoder(tiny_model_dir, pooling=pooling, precision="fp32", batch_size=4, workers=2, prefixes="none", backend="openvino")
+    reference = TransformersEncoder(tiny_model_dir, pooling=pooling, precision="fp32", prefixes="none", backend="torch")
+    assert ov.backend == "openvino" and "backend=openvino, threads=2" in repr(ov)
+    assert ov.workers == 1  # batches are not sliced: every inference runs on the two threads
+    texts = [passage_text(p) for p in CORPUS]
+    vectors = ov.encode_passages(texts)  # length-sorted batches of 4, padded differently than below
+    assert vectors.dtype == np.float32 and vectors.shape == (len(texts), 32)
+    np.testing.assert_allclose(vectors, reference.encode_passages(texts), atol=1e-4)
+    for n in (1, 3, 9):  # a lone query (its own path), and padded batches
+        np.testing.assert_allclose(ov.encode_queries(texts[:n]), reference.encode_queries(texts[:n]), atol=1e-4)
+    assert ov.signature == reference.signature  # the backend does not change what the index holds
+
+
+def test_openvino_backend_is_thread_safe(tiny_model_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ov = TransformersEncoder(tiny_model_dir, precision="fp32", prefixes="none", backend="openvino")
+    texts = [passage_text(p) for p in CORPUS]
+    expected = [ov.encode_queries(texts[i : i + 3]) for i in range(0, len(texts), 3)]
+    with ThreadPoolExecutor(4) as pool:  # one inference request per thread on the shared model
+        got = list(pool.map(lambda i: ov.encode_queries(texts[i : i + 3]), range(0, len(texts), 3)))
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_backend_choice(tiny_model_dir: Path) -> None:
+    # auto: OpenVINO on a CPU when installed (the dense extra installs it), torch when compiling
+    assert TransformersEncoder(tiny_model_dir, precision="fp32", prefixes="none").backend == "openvino"
+    with pytest.raises(ValueError, match="openvino backend runs on the CPU"):
+        TransformersEncoder(tiny_model_dir, precision="fp32", backend="openvino", compile_model=True)
+    with pytest.raises(ValueError, match="openvino backend runs on the CPU"):
+        TransformersEncoder(tiny_model_dir, precision="fp32", backend="openvino", device="meta")
+    with pytest.raises(ValueError, match="backend must be"):
+        TransformersEncoder(tiny_model_dir, precision="fp32", backend="onnx")  # type: ignore[arg-type]
 
 
 # --- dense source ---------------------------------------------------------------------------------
@@ -363,11 +402,12 @@ def test_minilm_finds_gold_passages(shared_data: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_minilm_matches_reference_values() -> None:
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_minilm_matches_reference_values(backend: str) -> None:
     # the first six dimensions and the cosine, as sentence-transformers 6.2 computes them for
     # all-MiniLM-L6-v2 (SentenceTransformer(folder).encode(texts, normalize_embeddings=True))
     texts = ["Who is the spouse of the Green performer?", "Miquette Giraudy is a keyboard player and vocalist."]
-    vectors = TransformersEncoder(precision="fp32").encode_passages(texts)
+    vectors = TransformersEncoder(precision="fp32", backend=backend).encode_passages(texts)
     np.testing.assert_allclose(vectors[:, :6], [[-0.016980, 0.030191, 0.001041, -0.020255, -0.028525, 0.078878],
                                                 [-0.043246, -0.111438, -0.007547, -0.066764, -0.188601, 0.045155]],
                                atol=2e-5)
@@ -395,16 +435,27 @@ def test_minilm_bf16_weights_match_fp32(shared_data: Path) -> None:
     # change rankings: the cosine to the fp32 embedding of each text stays above 0.999
     passages = as_passages(shared_data / "corpus.jsonl")[:16]
     texts = [passage_text(p) for p in passages] + ["Who is the spouse of the Green performer?"]
-    fp32 = TransformersEncoder(precision="fp32").encode_passages(texts)
-    bf16 = TransformersEncoder(precision="bf16").encode_passages(texts)
+    fp32 = TransformersEncoder(precision="fp32", backend="torch").encode_passages(texts)
+    bf16 = TransformersEncoder(precision="bf16", backend="torch").encode_passages(texts)
     assert (fp32 * bf16).sum(axis=1).min() > 0.999
+
+
+@pytest.mark.slow
+def test_minilm_openvino_bf16_matches_torch_fp32(shared_data: Path) -> None:
+    # the server's default on a CPU with native bfloat16: OpenVINO, bf16 inference precision
+    passages = as_passages(shared_data / "corpus.jsonl")[:16]
+    texts = [passage_text(p) for p in passages] + ["Who is the spouse of the Green performer?"]
+    fp32 = TransformersEncoder(precision="fp32", backend="torch").encode_passages(texts)
+    ov = TransformersEncoder(precision="bf16", backend="openvino")
+    assert (fp32 * ov.encode_passages(texts)).sum(axis=1).min() > 0.999
+    assert (fp32[-1:] * ov.encode_queries(texts[-1:])).sum() > 0.999
 
 
 @pytest.mark.slow
 def test_compiled_encoder_equals_eager(tiny_model_dir: Path, encoder: TransformersEncoder) -> None:
     # torch.compile needs a C++ compiler on CPU and takes tens of seconds even for a tiny model
     compiled = TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=4, workers=2, prefixes="none",
-                                   compile_model=True)
+                                   compile_model=True, backend="torch")
     assert compiled.compiled and "compiled=True" in repr(compiled)
     texts = [passage_text(p) for p in CORPUS]
     np.testing.assert_allclose(compiled.encode_passages(texts), encoder.encode_passages(texts), atol=1e-4)

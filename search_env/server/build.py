@@ -53,6 +53,7 @@ def build_source(
     rebuild: bool = False,
     threads: int = 1,
     compile_encoder: bool = False,
+    backend: str = "auto",
 ) -> Source:
     """The Source for ``retriever`` over a corpus file or a list of ``{id, title, text}`` passages.
 
@@ -72,6 +73,8 @@ def build_source(
             where more threads than free cores slows encoding down several-fold.
         compile_encoder: ``torch.compile`` the dense encoder at start (slower start, faster
             queries; see :class:`~search_env.sources.encoders.TransformersEncoder`).
+        backend: the dense encoder's runtime: "auto" (OpenVINO on a CPU when installed, else
+            torch), "torch" or "openvino".
     """
     if (corpus is None) == (passages is None):
         raise ValueError("build_source needs exactly one of corpus= and passages=")
@@ -95,7 +98,7 @@ def build_source(
 
         corpus_or_passages = str(corpus) if corpus is not None else [Passage(p["id"], p["title"], p["text"]) for p in passages or []]
         return DenseSource(
-            corpus_or_passages, TransformersEncoder(encoder, num_threads=threads, compile_model=compile_encoder), index="flat",
+            corpus_or_passages, TransformersEncoder(encoder, num_threads=threads, compile_model=compile_encoder, backend=backend), index="flat",
             index_dir=folder / "dense" if folder is not None else None, rebuild=rebuild, name=name,
         )
 

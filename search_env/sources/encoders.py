@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
 
+from .openvino_runtime import OpenVINOModel, openvino_available
+
 if TYPE_CHECKING:
     import torch
 
 Pooling = Literal["mean", "cls"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Backend = Literal["auto", "torch", "openvino"]
 
 #: Instruction prefixes (query prefix, passage prefix) that E5 and BGE models were trained with;
 #: leaving them out costs these models several points of recall.
@@ -193,9 +196,15 @@ class TransformersEncoder(TextEncoder):
         num_threads: if given, set torch's (process-wide) intra-op thread count to it. With
             ``workers`` > 1, 1 is the right value; more oversubscribes the cores.
         compile_model: compile the model with ``torch.compile`` (dynamic shapes; needs a C++
-            compiler on CPU) and warm it up here, so no caller waits for the compilation. For
-            long-running servers: on a shared 2-core CPU it took about 50 s and cut a one-query
-            MiniLM encode from 7.7 ms to 5.4 ms.
+            compiler on CPU) and warm it up here, so no caller waits for the compilation. Torch
+            backend only. On a shared 2-core CPU it took 10-50 s and made a one-query MiniLM
+            encode 8-30% faster (runs alternated; the machine's drift blurs the figure).
+        backend: "torch", "openvino" (CPU only; the model is converted at load, see
+            :mod:`search_env.sources.openvino_runtime`) or "auto": OpenVINO on a CPU when the
+            package is installed and ``compile_model`` is not asked for, else torch. With OpenVINO,
+            ``workers`` is the thread count of each inference (default one per available core)
+            and batches are not cut into slices, since every inference already uses all of them;
+            ``num_threads`` still sets torch's own thread count.
     """
 
     def __init__(
@@ -211,6 +220,7 @@ class TransformersEncoder(TextEncoder):
         workers: int | None = None,
         num_threads: int | None = None,
         compile_model: bool = False,
+        backend: Backend = "auto",
     ) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -229,9 +239,18 @@ class TransformersEncoder(TextEncoder):
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {precision!r}")
         self.precision: Precision = precision
+        if backend == "auto":
+            backend = "openvino" if self.device.type == "cpu" and not compile_model and openvino_available() else "torch"
+        if backend not in ("torch", "openvino"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'openvino', got {backend!r}")
+        if backend == "openvino" and (self.device.type != "cpu" or compile_model):
+            raise ValueError("the openvino backend runs on the CPU and is not compiled with torch.compile; "
+                             f"got device={self.device.type!r}, compile_model={compile_model}")
+        self.backend: Backend = backend
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_ref)
-        weight_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        # OpenVINO converts from float32 weights and lowers the precision itself
+        weight_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision if backend == "torch" else "fp32"]
         self.model = AutoModel.from_pretrained(model_ref, dtype=weight_dtype)
         self.model.to(self.device).eval()
         self.pooling: Pooling = detect_pooling(model_dir, self.model_name) if pooling == "auto" else pooling
@@ -244,6 +263,10 @@ class TransformersEncoder(TextEncoder):
         self.workers = workers if workers is not None else 1 if on_gpu else available_cores()
         if self.batch_size < 1 or self.workers < 1:
             raise ValueError(f"batch_size and workers must be at least 1, got {self.batch_size} and {self.workers}")
+        self._openvino: OpenVINOModel | None = None
+        if backend == "openvino":
+            self._openvino = OpenVINOModel(self.model, pooling=self.pooling, precision=precision, threads=self.workers)
+            self.workers = 1  # each inference already runs on all of its threads
         self._workers_pool: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
@@ -325,12 +348,14 @@ class TransformersEncoder(TextEncoder):
 
         width = max(len(x) for x in batch_ids)
         pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([seq + [pad] * (width - len(seq)) for seq in batch_ids], dtype=torch.long)
-        mask = torch.tensor([[1] * len(seq) + [0] * (width - len(seq)) for seq in batch_ids], dtype=torch.long)
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        input_ids = np.array([seq + [pad] * (width - len(seq)) for seq in batch_ids], dtype=np.int64)
+        mask = np.array([[1] * len(seq) + [0] * (width - len(seq)) for seq in batch_ids], dtype=np.int64)
+        if self._openvino is not None:
+            return self._openvino(input_ids, mask)
+        ids_tensor, mask_tensor = torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
         with torch.inference_mode():
-            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            pooled = self._pool(hidden.float(), mask)
+            hidden = self.model(input_ids=ids_tensor, attention_mask=mask_tensor).last_hidden_state
+            pooled = self._pool(hidden.float(), mask_tensor)
             return torch.nn.functional.normalize(pooled, p=2, dim=-1).cpu().numpy()
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -340,5 +365,6 @@ class TransformersEncoder(TextEncoder):
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
     def __repr__(self) -> str:
-        return (f"TransformersEncoder({self.signature}, device={self.device}, precision={self.precision}, "
-                f"batch_size={self.batch_size}, workers={self.workers}, compiled={self.compiled})")
+        threads = f", threads={self._openvino.threads}" if self._openvino is not None else ""
+        return (f"TransformersEncoder({self.signature}, backend={self.backend}{threads}, device={self.device}, "
+                f"precision={self.precision}, batch_size={self.batch_size}, workers={self.workers}, compiled={self.compiled})")
