@@ -12,6 +12,7 @@ EXTRAS = {
     "data": ["pyarrow>=14"],
     "deepspeed": ["deepspeed>=0.15"],
     "vllm": ["vllm"],
+    "bench": ["fastapi>=0.110"],  # the Search-R1 server stand-in in benchmarks/peers
     "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "deepspeed") for req in reqs})

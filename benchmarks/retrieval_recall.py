@@ -98,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--index", choices=("flat", "hnsw", "ivf"), default="flat", help="faiss index type")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
     parser.add_argument("--batch-size", type=int, default=None, help="encoder batch size (default: the encoder's)")
-    parser.add_argument("--workers", type=int, default=None, help="batches encoded at once (default: one per available core)")
+    parser.add_argument("--backend", choices=("auto", "torch", "openvino"), default="auto",
+                        help="encoder runtime (default auto: OpenVINO on a CPU when installed, else torch)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="torch: batches encoded at once; OpenVINO: threads per inference (default: one per available core)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
     parser.add_argument("--ks", default="1,5,10", help="comma-separated cut-offs")
     parser.add_argument("--limit", type=int, default=None, help="first N questions of each set")
@@ -123,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bm25 = BM25Source(corpus_path, name="bm25")
     bm25_seconds = time.perf_counter() - start
 
-    encoder = TransformersEncoder(args.encoder, precision=args.precision, batch_size=args.batch_size, workers=args.workers)
+    encoder = TransformersEncoder(args.encoder, precision=args.precision, batch_size=args.batch_size, workers=args.workers,
+                                  backend=args.backend)
     key = hashlib.sha256(encoder.signature.encode()).hexdigest()[:10]
     index_dir = args.cache_dir.expanduser() / "dense" / f"{corpus_path.stem}-{encoder.model_name}-{key}"
     start = time.perf_counter()

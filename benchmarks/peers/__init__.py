@@ -1,0 +1,1 @@
+"""Stand-ins for other projects' servers, run beside ours by the benchmarks for side-by-side ratios."""
