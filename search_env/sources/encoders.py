@@ -8,7 +8,9 @@ cheap on CPU by never padding a passage to the longest passage of the corpus: it
 once, sorts by token length and batches passages of similar length, so each batch is padded only to
 its own longest member; it truncates at the model's maximum length, runs under
 ``torch.inference_mode``, keeps the weights in bfloat16 where the CPU multiplies bfloat16 natively,
-and encodes one batch per available core at once.
+and encodes one batch per available core at once. Where OpenVINO is installed, it runs the model on
+the CPU instead of PyTorch (:mod:`search_env.sources.openvino_runtime`): one inference then uses every
+core, which is what a lone query needs.
 """
 from __future__ import annotations
 
