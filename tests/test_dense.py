@@ -248,6 +248,23 @@ def test_openvino_backend_is_thread_safe(tiny_model_dir: Path) -> None:
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_auto_backend_falls_back_to_torch_when_conversion_fails(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import search_env.sources.encoders as encoders
+
+    def unconvertible(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("unsupported operation")
+
+    monkeypatch.setattr(encoders, "OpenVINOModel", unconvertible)
+    fallback = TransformersEncoder(tiny_model_dir, precision="bf16", prefixes="none")
+    assert fallback.backend == "torch" and "running it on PyTorch" in caplog.text
+    assert {p.dtype for p in fallback.model.parameters()} == {torch.bfloat16}  # the asked precision, in torch
+    assert fallback.encode_queries(["river"]).shape == (1, 32)
+    with pytest.raises(RuntimeError, match="unsupported operation"):  # asked for by name: no fallback
+        TransformersEncoder(tiny_model_dir, precision="fp32", prefixes="none", backend="openvino")
+
+
 def test_backend_choice(tiny_model_dir: Path) -> None:
     # auto: OpenVINO on a CPU when installed (the dense extra installs it), torch when compiling
     assert TransformersEncoder(tiny_model_dir, precision="fp32", prefixes="none").backend == "openvino"

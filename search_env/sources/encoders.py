@@ -18,6 +18,7 @@ import abc
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Literal, Sequence
 import numpy as np
 
 from .openvino_runtime import OpenVINOModel, openvino_available
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -203,7 +206,8 @@ class TransformersEncoder(TextEncoder):
             encode 8-30% faster (runs alternated; the machine's drift blurs the figure).
         backend: "torch", "openvino" (CPU only; the model is converted at load, see
             :mod:`search_env.sources.openvino_runtime`) or "auto": OpenVINO on a CPU when the
-            package is installed and ``compile_model`` is not asked for, else torch. With OpenVINO,
+            package is installed and ``compile_model`` is not asked for (falling back to torch,
+            with a warning, if the model does not convert), else torch. With OpenVINO,
             ``workers`` is the thread count of each inference (default one per available core)
             and batches are not cut into slices, since every inference already uses all of them;
             ``num_threads`` still sets torch's own thread count.
@@ -241,6 +245,7 @@ class TransformersEncoder(TextEncoder):
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {precision!r}")
         self.precision: Precision = precision
+        chosen_automatically = backend == "auto"
         if backend == "auto":
             backend = "openvino" if self.device.type == "cpu" and not compile_model and openvino_available() else "torch"
         if backend not in ("torch", "openvino"):
@@ -267,8 +272,15 @@ class TransformersEncoder(TextEncoder):
             raise ValueError(f"batch_size and workers must be at least 1, got {self.batch_size} and {self.workers}")
         self._openvino: OpenVINOModel | None = None
         if backend == "openvino":
-            self._openvino = OpenVINOModel(self.model, pooling=self.pooling, precision=precision, threads=self.workers)
-            self.workers = 1  # each inference already runs on all of its threads
+            try:
+                self._openvino = OpenVINOModel(self.model, pooling=self.pooling, precision=precision, threads=self.workers)
+                self.workers = 1  # each inference already runs on all of its threads
+            except Exception as exc:
+                if not chosen_automatically:
+                    raise
+                logger.warning("OpenVINO could not convert %s (%s: %s); running it on PyTorch", self.model_name, type(exc).__name__, exc)
+                self.backend = "torch"
+                self.model.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision])
         self._workers_pool: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
