@@ -105,21 +105,20 @@ def timed(workers: int, per_call: int, budget: int, max_seconds: float, question
     return clock.taken / elapsed
 
 
-def median_qps(runs: int, measure: Callable[[], float]) -> float:
-    measure()  # warm-up: first calls pay for lazy initialisation and cold caches
-    return statistics.median(measure() for _ in range(runs))
-
-
 def alternating_median_qps(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
     """Median queries/s of each measure, their runs alternated (one of each in turn) so that every
     measure sees the same drift of the machine's speed."""
     for measure in measures.values():
-        measure()  # warm-up
+        measure()  # warm-up: first calls pay for lazy initialisation and cold caches
     samples: dict[str, list[float]] = {name: [] for name in measures}
     for _ in range(runs):
         for name, measure in measures.items():
             samples[name].append(measure())
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def median_qps(runs: int, measure: Callable[[], float]) -> float:
+    return alternating_median_qps(runs, {"": measure})[""]
 
 
 def free_port() -> int:
@@ -264,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
             figures = bench_server({name: server.url for name, server in servers.items()}, questions, args)
             health = servers[retriever].health()
             print(f"[{retriever}] server: {health['queries']} queries in {health['source_calls']} source calls "
-                  f"({health.get('inline_calls', 0)} on the event-loop thread)", flush=True)
+                  f"({health['inline_calls']} on the event-loop thread)", flush=True)
         finally:
             for server in servers.values():
                 server.stop()

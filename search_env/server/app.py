@@ -120,8 +120,6 @@ def create_app(
         exception_handlers={HTTPException: _error_response},
         lifespan=lifespan,
     )
-    app.state.batcher = batcher
-    app.state.limits = limits
     return app
 
 

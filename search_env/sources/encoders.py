@@ -257,8 +257,8 @@ class TransformersEncoder(TextEncoder):
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_ref)
         # OpenVINO converts from float32 weights and lowers the precision itself
-        weight_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision if backend == "torch" else "fp32"]
-        self.model = AutoModel.from_pretrained(model_ref, dtype=weight_dtype)
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+        self.model = AutoModel.from_pretrained(model_ref, dtype=dtypes[precision if backend == "torch" else "fp32"])
         self.model.to(self.device).eval()
         self.pooling: Pooling = detect_pooling(model_dir, self.model_name) if pooling == "auto" else pooling
         if self.pooling not in ("mean", "cls"):
@@ -280,7 +280,7 @@ class TransformersEncoder(TextEncoder):
                     raise
                 logger.warning("OpenVINO could not convert %s (%s: %s); running it on PyTorch", self.model_name, type(exc).__name__, exc)
                 self.backend = "torch"
-                self.model.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision])
+                self.model.to(dtypes[precision])
         self._workers_pool: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
