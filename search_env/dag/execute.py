@@ -28,8 +28,11 @@ with ``False`` nothing is replaced. When an ancestor failed, found nothing, or t
 None, its placeholder is removed. Placeholders naming a label that is not an ancestor are left as
 written (the ancestor is the only node sure to be finished).
 
-Order. Results are listed in order of completion (end time), ties (nodes of one batch) by label.
-Times are seconds since the run began (``time.perf_counter``), for the trajectory record.
+Order. Results are listed in plan order, whatever the timing: by topological generation (roots
+first, then the nodes whose parents are all in earlier generations, and so on), then by label. The
+same plan therefore always gives the same result block, so the same seed and the same ids give the
+same episode however the sources' latencies fall. Times are seconds since the run began
+(``time.perf_counter``), for the trajectory record.
 """
 from __future__ import annotations
 
@@ -112,8 +115,8 @@ class NodeRun:
 
 @dataclass(frozen=True, slots=True)
 class DagRun:
-    """A finished run: ``nodes`` in execution order, the run's ``wall_s`` and the number of search
-    ``calls`` made (fewer than nodes when batching merged some)."""
+    """A finished run: ``nodes`` in plan order (topological generation, then label), the run's
+    ``wall_s`` and the number of search ``calls`` made (fewer than nodes when batching merged some)."""
 
     nodes: list[NodeRun]
     wall_s: float
@@ -198,7 +201,7 @@ def execute_plan(
 
 
 def format_dag_results(run: DagRun, doc_formatter: Callable[[Sequence[Passage]], str]) -> str:
-    """The result block of a run: one section per node in execution order, headed
+    """The result block of a run: one section per node in plan order, headed
     ``{label} ({source}): {query sent}``, then ``doc_formatter(passages)`` (the protocol's document
     format; trailing newlines trimmed), ``No results.`` when it found nothing, or ``Error: ...``.
     Sections are separated by a blank line."""
@@ -290,7 +293,8 @@ class _Run:
             if not self.in_flight:
                 break
             self._collect()
-        order = sorted(self.finished.values(), key=lambda run: (run.end, run.label))
+        rank = {label: depth for depth, generation in enumerate(nx.topological_generations(self.graph)) for label in generation}
+        order = sorted(self.finished.values(), key=lambda run: (rank[run.label], run.label))
         return DagRun(nodes=order, wall_s=time.perf_counter() - self.t0, calls=self.calls)
 
     def _now(self) -> float:
