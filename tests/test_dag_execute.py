@@ -208,8 +208,36 @@ def test_timeout_is_reported_and_does_not_hold_the_children() -> None:
 def test_wrong_result_count_and_k_truncation() -> None:
     short = SleepySource("short", results=[])
     run = execute_plan(parse_plan("A: a (short)\nB: b (wiki)"), {"short": short, "wiki": SleepySource("wiki")}, k=2)
-    assert run.node("A").error == "source returned 0 result lists for 1 queries"
+    assert run.node("A").error == "source 'short' returned 0 result lists for 1 queries"
     assert [p.title for p in run.node("B").passages] == ["wiki:b:0", "wiki:b:1"]
+
+
+class ReturnsAsIs(Source):
+    """A buggy plug-in that returns ``results`` whatever it is asked."""
+
+    def __init__(self, results: object) -> None:
+        self.name, self.results = "bad", results
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        return self.results  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("results", [None, [None], [["not a passage"]], "a"])
+def test_results_that_are_not_lists_of_passages_are_a_node_error(results: object) -> None:
+    run = execute_plan(parse_plan("A: a (bad)\nB: b (wiki)"), {"bad": ReturnsAsIs(results), "wiki": SleepySource("wiki")})
+    assert run.node("A").error.startswith("source 'bad' returned") and run.node("A").passages == ()
+    assert run.node("B").ok
+
+
+def test_queries_longer_than_max_query_chars_are_cut_after_substitution() -> None:
+    wiki = SleepySource("wiki")
+    text = "A: short (wiki)\nB: {A} " + "x" * 30 + " (wiki)\nA -> B"
+    run = execute_plan(parse_plan(text), {"wiki": wiki}, max_query_chars=20)
+    assert not run.node("A").query_cut and run.node("A").query == "short"
+    assert run.node("B").query_cut and run.node("B").query == ("wiki:short:0 " + "x" * 30)[:20]
+    assert wiki.calls[-1] == [run.node("B").query]
+    with pytest.raises(ValueError):
+        execute_plan(parse_plan(text), {"wiki": wiki}, max_query_chars=0)
 
 
 @pytest.mark.parametrize(
