@@ -382,6 +382,11 @@ class SearchQAEnv(gym.Env):
 
     # ---------------------------------------------------------------------------------------------
     # Episode mechanics (generators: they yield requests and receive results)
+    def check_action(self, action: Any) -> None:
+        """Raise the ``ValueError`` that :meth:`step` would raise for ``action``, changing nothing (a batch
+        checks every episode's action before any episode starts its step)."""
+        self._action_ids(action)
+
     def _action_ids(self, action: Any) -> tuple[list[int], bool]:
         """Checked ids of an action, and whether it was a chunk (rather than one id)."""
         if type(action) is int or isinstance(action, np.integer):

@@ -176,3 +176,19 @@ def test_a_failure_handed_to_take_results_is_an_error_observation(split_tag_toke
     assert env.take_results(TimeoutError("too slow")) is None
     obs, *_ = env.finish_step()
     assert "Search failed: TimeoutError: too slow" in env.codec.decode(obs["token_ids"])
+
+
+def test_batch_env_checks_every_action_before_any_episode_steps(split_tag_tokenizer):
+    """A bad action anywhere in the batch raises before any episode moves, so none is left mid-step."""
+    batch = BatchSearchQAEnv(3, sources=CountingSource(), tokenizer=split_tag_tokenizer, dataset=[QAExample("q", "Who?", ["x"])])
+    batch.reset(seed=0)
+    lengths = [len(env.trajectory.token_ids) for env in batch.envs]
+    codec = batch.envs[0].codec
+    good = codec.encode("<search> who </search>")
+    with pytest.raises(ValueError, match="integers"):
+        batch.step([good, good, [1.5]])
+    assert [len(env.trajectory.token_ids) for env in batch.envs] == lengths
+    assert all(env.pending_request is None for env in batch.envs)
+    observations, *_ = batch.step([good, good, good])  # the batch is still usable
+    assert all(len(obs["token_ids"]) > len(good) for obs in observations)
+    batch.close()
