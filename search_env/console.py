@@ -82,4 +82,11 @@ def progress(iterable: Iterable[T] | None = None, *, show: bool | None = None, *
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """``--help`` with the description as written (line breaks kept) and every option's default."""
+    """``--help`` with the description as written (line breaks kept) and every option's default.
+    Flags (which default to off) and options whose default is None (their help says what unset
+    means) show no ``(default: ...)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default is None:
+            return action.help
+        return super()._get_help_string(action)

@@ -66,6 +66,9 @@ def test_a_forced_bar_draws_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_help_shows_defaults_and_keeps_the_description_as_written() -> None:
     parser = argparse.ArgumentParser(description="line one\n  line two", formatter_class=HelpFormatter)
     parser.add_argument("--episodes", type=int, default=100, help="questions per run")
+    parser.add_argument("--fast", action="store_true", help="skip the slow part")
+    parser.add_argument("--cache", default=None, help="where to keep it (unset: nowhere)")
     text = parser.format_help()
     assert "line one\n  line two" in text
     assert "questions per run (default: 100)" in text
+    assert "skip the slow part\n" in text and "(unset: nowhere)\n" in text  # flags and None defaults say nothing more
