@@ -181,14 +181,14 @@ class FakeOpenAI:
                 try:
                     status, payload, delay = server.behaviour(index, body)
                     time.sleep(delay)
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                finally:
+                finally:  # before replying: once the client has the reply it may send its next request
                     with server.lock:
                         server.in_flight -= 1
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             def log_message(self, *args) -> None:
                 pass
