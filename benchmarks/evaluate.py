@@ -92,7 +92,7 @@ def evaluate(protocol: str, agent: str | type, episodes: int, seed: int = 0, **e
     for key in rows[0]:
         values = [r[key] for r in rows if r[key] == r[key]]  # drop NaN (no gold passages)
         summary[key] = statistics.fmean(values) if values else float("nan")
-    summary["reward_range"] = rewards.value_range(base.reward_preset) if not base.reward_options else None
+    summary["reward_range"] = rewards.value_range(base.reward_preset)
     summary["notes"] = sorted(notes)
     return summary
 
@@ -113,7 +113,7 @@ def print_table(table: list[dict[str, Any]], data_line: str) -> None:
             f"{r['f1']:6.3f} {r['searches']:8.2f} {r['gold_recall']:9.3f} {r['agent_tokens']:9.1f} {r['env_tokens']:8.1f}"
         )
     print(f"({data_line})")
-    print("reward: the protocol's reward preset, which spans the range beside it ('?': the preset declares none); "
+    print("reward: the protocol's reward preset, which spans the range beside it at its default options ('?': it declares none); "
           "EM/F1: the extracted answer against the golds; gold rec.: gold passages among those retrieved")
     notes = {}
     for r in table:

@@ -66,6 +66,18 @@ def test_evaluate_prints_rewards_with_their_ranges(capsys: pytest.CaptureFixture
     assert [r["reward_range"] for r in table] == [(0.0, 1.0), (0.0, 2.4)]
 
 
+def test_evaluate_marks_a_reward_without_a_declared_range(capsys: pytest.CaptureFixture[str]) -> None:
+    import rewards
+    from benchmarks.evaluate import evaluate, print_table
+
+    rewards.register("test-unranged", lambda response, golds, **_: 7.0, replace=True)
+    row = evaluate("search-r1", "no-search", 2, reward="test-unranged")
+    assert row["reward"] == 7.0 and row["reward_range"] is None
+    print_table([row], "data")
+    (printed,) = _rows(capsys.readouterr().out, "search-r1")
+    assert printed[2:4] == ["7.000", "?"]
+
+
 class AnswersZarboAgent:
     """A user's agent, loaded as ``module:Class``: answers "Zarbo" without searching."""
 
