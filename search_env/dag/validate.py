@@ -12,6 +12,7 @@ duplicate_label    a label is declared twice (the first declaration is kept)
 missing_source     a node line has no ``(Source)`` at its end
 empty_query        a node's query is empty
 too_many_edges     more than :data:`~search_env.dag.parser.MAX_EDGES` edges (reading stopped)
+too_many_issues    :data:`~search_env.dag.parser.MAX_ISSUES` of the above (reading stopped)
 no_nodes           the plan declares no node
 too_many_nodes     more than ``max_nodes`` nodes
 unknown_source     a node names a source that is neither a source nor an alias
@@ -113,8 +114,9 @@ def _unknown_nodes(plan: Plan) -> list[Violation]:
 
 
 def _cycles(plan: Plan) -> list[Violation]:
+    # Only nodes with edges can be on a cycle: the graph holds at most 2 * MAX_EDGES nodes however
+    # many nodes a hostile plan declares.
     graph = nx.DiGraph()
-    graph.add_nodes_from(plan.nodes)
     graph.add_edges_from(
         (parent, child)
         for parent, child in plan.edges
