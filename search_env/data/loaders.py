@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from search_env.data.corpus import iter_jsonl
+from search_env._optional import requires_extra
 from search_env.data.example import QAExample, SubQuestion
 
 #: Environment variable naming the folder that dataset names (``"hotpotqa_dev"``) resolve against.
@@ -91,10 +92,8 @@ def load_searchr1_parquet(path: str | Path, *, limit: int | None = None, shuffle
     ``"<data_source>:<split>_<index>"``), because merged Search-R1 files repeat FlashRAG ids across
     data sources. ``prompt``, ``data_source``, ``ability`` and ``extra_info`` go to ``metadata``.
     """
-    try:
+    with requires_extra("data", "reading parquet"):
         import pyarrow.parquet as pq
-    except ImportError as error:  # pyarrow is the optional "data" extra
-        raise ImportError("reading parquet needs pyarrow: pip install 'searchqa-gym[data]'") from error
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")

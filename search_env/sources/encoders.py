@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
 
+from search_env._optional import requires_extra
+
 from .openvino_runtime import OpenVINOModel, openvino_available
 
 logger = logging.getLogger(__name__)
@@ -228,8 +230,9 @@ class TransformersEncoder(TextEncoder):
         compile_model: bool = False,
         backend: Backend = "auto",
     ) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
+        with requires_extra("dense", "dense retrieval"):
+            import torch
+            from transformers import AutoModel, AutoTokenizer
 
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -339,7 +342,8 @@ class TransformersEncoder(TextEncoder):
             for _ in run(encode_batch, batches):
                 pass
             return out
-        from tqdm.auto import tqdm
+        with requires_extra("dense", "dense retrieval"):
+            from tqdm.auto import tqdm
 
         with tqdm(total=len(texts), desc="encoding", unit="text") as bar:
             for done in run(encode_batch, batches):
@@ -358,7 +362,8 @@ class TransformersEncoder(TextEncoder):
         """Pad one batch to its own longest member, run the model, pool and normalise (in float32,
         whatever the weights' precision). Enters inference mode itself because it is a per-thread
         state."""
-        import torch
+        with requires_extra("dense", "dense retrieval"):
+            import torch
 
         width = max(len(x) for x in batch_ids)
         pad = self.tokenizer.pad_token_id
