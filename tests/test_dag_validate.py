@@ -137,7 +137,6 @@ def test_strict_mode_delegates_to_the_reward_reading(monkeypatch: pytest.MonkeyP
 
 
 def test_strict_mode_with_the_real_reward_module() -> None:
-    pytest.importorskip("rewards.dag", reason="rewards/dag.py (read_strict_dag) is written by another engineer")
     reference = "Nodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\nEdges:\nA -> B"
     assert validate_strict(reference) == []
     seven = "Nodes:\n" + "\n".join(f"{chr(65 + i)}: q (News)" for i in range(7))

@@ -18,6 +18,7 @@ from search_env.data.loaders import (
     load_searchr1_parquet,
     parse_musique_decomposition,
 )
+from tests.conftest import skip_without
 
 # Row counts from ../shared/data/README.md.
 README_ROWS = {
@@ -219,7 +220,8 @@ def search_r1_row(data_source: str, split: str, index: int, question: str, answe
 
 
 def write_parquet(path: Path, rows: list[dict]) -> Path:
-    pa = pytest.importorskip("pyarrow")
+    skip_without("data", "pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -275,7 +277,8 @@ def test_searchr1_parquet_wrong_column_types_name_row_and_column(tmp_path, colum
 
 
 def test_corrupt_parquet_names_the_file_and_rows(tmp_path) -> None:
-    pa = pytest.importorskip("pyarrow")
+    skip_without("data", "pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     garbage = tmp_path / "garbage.parquet"
@@ -294,7 +297,8 @@ def test_corrupt_parquet_names_the_file_and_rows(tmp_path) -> None:
 
 
 def test_empty_parquet_says_which_file(tmp_path) -> None:
-    pa = pytest.importorskip("pyarrow")
+    skip_without("data", "pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = tmp_path / "none.parquet"
@@ -340,9 +344,6 @@ def test_load_dataset_synthetic_calls_generate_world(monkeypatch) -> None:
 
 
 def test_load_dataset_synthetic_real_world() -> None:
-    synthetic = pytest.importorskip("search_env.synthetic")
-    if not hasattr(synthetic, "generate_world"):
-        pytest.skip("search_env.synthetic.generate_world not written yet")
     examples = load_dataset("synthetic", world_options={"seed": 0, "n_questions": 20})
     assert len(examples) == 20 and all(isinstance(e, QAExample) and e.golden_answers for e in examples)
     assert [e.id for e in examples] == [e.id for e in load_dataset("synthetic", world_options={"seed": 0, "n_questions": 20})]

@@ -13,13 +13,16 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pytest
 
-from search_env.server import RetrievalServer
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.sources.remote import RemoteSource, document_to_passage, parse_retrieve_response
+from tests.conftest import skip_without
+
+if TYPE_CHECKING:
+    from search_env.server import RetrievalServer
 
 WAIT_S = 10.0  # upper bound for any wait in this file
 
@@ -50,6 +53,9 @@ def shared_source() -> FakeSource:
 
 @pytest.fixture(scope="module")
 def shared_server(shared_source: FakeSource):
+    skip_without("server", "starlette", "pydantic", "uvicorn")
+    from search_env.server import RetrievalServer
+
     with RetrievalServer(shared_source) as running:
         yield running
 
