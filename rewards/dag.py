@@ -12,10 +12,16 @@ which plans are valid. The rules (PROTOCOLS.md, reasoning-search) in brief::
 Node lines are ``Label: query (Tool)``; labels are single letters read upper-cased; tools are
 General, News or Academy (aliases ``search``, ``新闻``, ``学术``); at most 6 nodes are kept; edges
 must join declared nodes, without self-loops or cycles.
+
+The tool list is the reference's by default (parity). An environment whose plans may name other
+sources passes its own names as ``tools=`` (the ``reasoning-search`` preset's ``tools`` option), so
+that a plan the environment executes is not scored ``unknown_tool``; the reference's aliases then
+apply only to names that are not themselves in the list.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -67,7 +73,7 @@ def _read_edges(part_source: str, edges: list[tuple[str, str]]) -> None:
             edges.append((match.group(1).upper(), match.group(2).upper()))
 
 
-def _read_node_line(line: str) -> tuple[str, str, str] | None:
+def _read_node_line(line: str, tools: Collection[str]) -> tuple[str, str, str] | None:
     suffix = _TOOL_SUFFIX.search(line)
     if suffix is None:
         return None
@@ -76,15 +82,21 @@ def _read_node_line(line: str) -> tuple[str, str, str] | None:
     if label is None or label.end() == len(head):
         return None
     tool = suffix.group(1).strip().lower()
-    return label.group(1).upper(), head[label.end() :].strip(), _TOOL_ALIASES.get(tool, tool)
+    return label.group(1).upper(), head[label.end() :].strip(), tool if tool in tools else _TOOL_ALIASES.get(tool, tool)
 
 
-def read_strict_dag(search_content: str, *, max_nodes: int = STRICT_MAX_NODES) -> StrictDag:
+def read_strict_dag(
+    search_content: str, *, max_nodes: int = STRICT_MAX_NODES, tools: Collection[str] = STRICT_TOOLS
+) -> StrictDag:
     """Read a plan (the content of the ``<search>`` block) by the strict rules and validate it.
 
+    ``tools`` are the tool names a node may use (compared lower-cased; default: the reference's).
     Never raises on malformed text: anything unreadable is skipped and shows up as a violation
     (``no_nodes`` when nothing was read).
     """
+    if isinstance(tools, str):
+        raise TypeError(f"tools must be a collection of tool names, not the str {tools!r}")
+    tools = frozenset(" ".join(str(tool).split()).lower() for tool in tools)
     dag = StrictDag()
     text = _SPACES.sub(" ", search_content.strip().translate(_FULL_WIDTH))
     in_edges = False
@@ -98,7 +110,7 @@ def read_strict_dag(search_content: str, *, max_nodes: int = STRICT_MAX_NODES) -
             in_edges = True
             _read_edges(line[5:], dag.edges)
         else:
-            node = _read_node_line(line)
+            node = _read_node_line(line, tools)
             if node is None:
                 continue
             label, query, tool = node
@@ -106,15 +118,15 @@ def read_strict_dag(search_content: str, *, max_nodes: int = STRICT_MAX_NODES) -
                 dag.dropped.append(label)
             else:
                 dag.nodes[label] = (query, tool)
-    _validate(dag)
+    _validate(dag, tools)
     return dag
 
 
-def _validate(dag: StrictDag) -> None:
+def _validate(dag: StrictDag, tools: frozenset[str]) -> None:
     if not dag.nodes:
         dag.violations.append("no_nodes")
     for _, tool in dag.nodes.values():
-        if tool not in STRICT_TOOLS and f"unknown_tool:{tool}" not in dag.violations:
+        if tool not in tools and f"unknown_tool:{tool}" not in dag.violations:
             dag.violations.append(f"unknown_tool:{tool}")
     graph = nx.DiGraph()
     graph.add_nodes_from(dag.nodes)

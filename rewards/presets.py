@@ -9,9 +9,10 @@ is a list of str. Unknown options raise ``TypeError`` naming the preset.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Callable
 
-from .dag import read_strict_dag
+from .dag import STRICT_TOOLS, read_strict_dag
 from .extraction import (
     boxed_answer,
     first_tag_content,
@@ -370,18 +371,21 @@ def reasoning_search(
     format_weight: float = 0.25,
     dag_weight: float = 0.25,
     judge_weight: float = 0.5,
+    tools: Collection[str] | None = None,
 ) -> RewardResult:
     """Reasoning-search: DAG invalid → ``format_weight``·format; valid → ``dag_weight`` +
     ``format_weight``·format + ``judge_weight``·judge (0.25 / 0.25 / 0.5).
 
     format: :func:`reasoning_search_format_ok`; DAG: :func:`read_strict_dag` of the stripped first
-    ``<search>`` block (case-insensitive); judge: ``judge(question, golds, prediction)`` clamped to
-    [0, 1] (NaN → 0), on :func:`reasoning_search_prediction`, not called when the DAG is invalid.
-    Without a judge, F1 of the prediction (SQuAD normalisation, yes/no rule) stands in.
+    ``<search>`` block (case-insensitive), with ``tools`` as the tool names a node may use (None: the
+    reference's General/News/Academy; ``SearchQA-v0`` fills in the names its plans may use); judge:
+    ``judge(question, golds, prediction)`` clamped to [0, 1] (NaN → 0), on
+    :func:`reasoning_search_prediction`, not called when the DAG is invalid. Without a judge, F1 of
+    the prediction (SQuAD normalisation, yes/no rule) stands in.
     """
     format_ok = reasoning_search_format_ok(response)
     plan = first_tag_content(response, "<search>", "</search>", ignore_case=True)
-    dag = read_strict_dag((plan or "").strip())
+    dag = read_strict_dag((plan or "").strip(), tools=STRICT_TOOLS if tools is None else tools)
     prediction = reasoning_search_prediction(response)
     components: dict = {
         "format": format_ok,

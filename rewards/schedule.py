@@ -30,6 +30,7 @@ only when the DAG is valid) is kept.
 from __future__ import annotations
 
 import bisect
+import inspect
 import math
 import numbers
 from abc import ABC, abstractmethod
@@ -47,6 +48,7 @@ __all__ = [
     "ComponentMix",
     "RewardMix",
     "as_step_reward",
+    "accepts_option",
 ]
 
 
@@ -241,6 +243,25 @@ class RewardMix(StepReward):
             components.update({f"{label}/{key}": value for key, value in result.components.items()})
             components[f"weight/{label}"] = weights[label]
         return RewardResult(total, components)
+
+
+def accepts_option(reward: RewardLike, option: str) -> bool:
+    """Whether ``option`` may be passed when scoring with ``reward``: a preset whose function takes it
+    (by name or ``**options``), a :class:`Preset` that does not bind it already, or a staged or mixed
+    reward all of whose parts accept it. Lets a caller (the environment filling in its plan tools)
+    pass an option only where it is understood, instead of failing at the first episode's end."""
+    if isinstance(reward, str):
+        parameters = inspect.signature(get_preset(reward)).parameters.values()
+        return any(p.name == option or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    if isinstance(reward, Preset):
+        return option not in reward.options and accepts_option(reward.name, option)
+    if isinstance(reward, StagedReward):
+        return all(accepts_option(stage, option) for stage in reward.stages)
+    if isinstance(reward, ComponentMix):
+        return accepts_option(reward.reward, option)
+    if isinstance(reward, RewardMix):
+        return all(accepts_option(term, option) for term in reward.terms.values())
+    return False
 
 
 def _numeric(components: Mapping[str, Component], key: str, reward_name: str) -> float:

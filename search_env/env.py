@@ -1,49 +1,62 @@
 """SearchQA-v0: question answering with search as a token-level POMDP.
 
 The agent emits token ids; the environment keeps the exact ids (token-in/token-out), the bytes they
-stand for, and watches that byte stream for the protocol's close tags. A closed search call is run
-against a source and its formatted results are appended as environment tokens; a closed answer (or an
-end-of-sequence token) ends the episode with a reward from :mod:`rewards`.
+stand for, and watches that byte stream for the protocol's close tags (:mod:`search_env.scanner`). A
+closed search call is run against a source and its formatted results are appended as environment
+tokens; a closed answer (or an end-of-sequence token) ends the episode with a reward from :mod:`rewards`.
 
-Speed: a token that cannot complete a tag (decided once per vocabulary entry: does it contain the last
-byte of a watched tag?) costs a few list appends. A chunk of ids (an LLM's generation up to a stop
-string) is scanned in bulk: its bytes are joined and searched with ``bytes.find``, and only the token
-where something happens goes through the single-token logic, so a chunk gives exactly the episode that
+Speed: a token that cannot complete a tag (decided once per vocabulary entry) costs a few list appends.
+A chunk of ids (an LLM's generation up to a stop string) is scanned in bulk, and only the token where
+something happens goes through the single-token logic, so a chunk gives exactly the episode that
 feeding its ids one by one gives.
 
-Calls are written as generators that *yield* a search request and receive its results: a single
-environment answers each request at once, while :class:`search_env.vector.BatchSearchQAEnv` gathers the
-requests of many environments and sends each source one batch.
+Batched stepping. A step that closes a search call stops at the call and hands out a request
+(:class:`SearchRequest` or :class:`PlanRequest`); the step goes on once the request's results are in.
+``step`` answers each request at once on this environment's sources. Callers that step many episodes
+together (:class:`search_env.vector.BatchSearchQAEnv`) use the same four public pieces instead:
+:meth:`SearchQAEnv.start_step`, :attr:`SearchQAEnv.pending_request`, :meth:`SearchQAEnv.take_results`
+and :meth:`SearchQAEnv.finish_step`, and send each source one batch of everyone's pending queries.
+
+NL-DAG plans (``call_kind="dag"``): two sets of rules read a plan, on purpose. The environment runs
+any plan that :func:`~search_env.dag.validate.validate_plan` accepts (at most 8 nodes, every node's
+source one of this environment's sources or aliases, edges between declared nodes, acyclic) and
+answers any other with an error observation listing the violations. The ``reasoning-search`` reward
+scores the plan by the reference's strict reading (:mod:`rewards.dag`: at most 6 nodes, its own line
+grammar), with this environment's source and alias names as its tool list (the ``tools`` option,
+filled in here), so a plan the environment ran is never scored ``unknown_tool``.
 """
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, Callable, Generator, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence, Union
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 import rewards
+from rewards.schedule import StepReward
 
 from search_env.data.example import QAExample
 from search_env.protocols import Protocol, get_protocol
-from search_env.sources.base import Passage, Source
+from search_env.resolve import default_aliases, guard_sources, offered_plan_tools, resolve_dataset, resolve_reward, resolve_sources
+from search_env.scanner import TagScanner, token_range
+from search_env.sources.base import Passage, Source, checked_results
 from search_env.tokenization import TokenCodec, as_codec
 from search_env.trajectory import AGENT, ENVIRONMENT, Span, ToolCall, Trajectory
 
-__all__ = ["SearchQAEnv", "SearchRequest", "PlanRequest"]
+__all__ = ["SearchQAEnv", "SearchRequest", "PlanRequest", "Request", "MAX_QUERY_CHARS"]
 
-MAX_QUERY_CHARS = 1000  #: longer queries are cut (and counted) before they reach a source
+MAX_QUERY_CHARS = 1000  #: longer queries (single queries and DAG nodes) are cut, and counted, before a source sees them
 _AGENT_ONLY = (AGENT,)
 
 
 @dataclass
 class SearchRequest:
-    """One query for one source, yielded by an episode that closed a call."""
+    """One query for one source, handed out by a step that closed a call. Its results: the list of
+    passages (at most ``k``), or the exception the source raised."""
 
     source: str
     query: str
@@ -52,13 +65,15 @@ class SearchRequest:
 
 @dataclass
 class PlanRequest:
-    """An NL-DAG plan to execute over the environment's sources, yielded by a ``dag`` protocol call."""
+    """An NL-DAG plan to execute over the environment's sources, handed out by a ``dag`` protocol call.
+    Its results: the :class:`~search_env.dag.DagRun`, or the exception that stopped it."""
 
     plan: Any
     k: int
 
 
-Episode = Generator[Any, Any, None]
+Request = Union[SearchRequest, PlanRequest]
+Episode = Generator[Request, Any, None]
 
 
 class SearchQAEnv(gym.Env):
@@ -69,18 +84,23 @@ class SearchQAEnv(gym.Env):
             ``reasoning-search``) or a :class:`~search_env.protocols.Protocol`.
         dataset: ``"synthetic"`` (the built-in world), a list of :class:`QAExample`, or a dataset name/path
             understood by :func:`search_env.data.loaders.load_dataset`.
-        sources: a :class:`Source`, or a mapping of names to sources. Default: BM25 over the synthetic
-            world, one source per world source plus ``"all"`` for single-query protocols.
+        sources: a :class:`Source`, a corpus path (jsonl; searched with BM25 as source ``"wiki"``), or a
+            mapping of names to sources or corpus paths. Default: BM25 over the synthetic world, one
+            source per world source plus ``"all"`` for single-query protocols.
         default_source: the source single-query calls go to (default: ``"all"`` if present, else the first).
         source_aliases: extra names for sources (e.g. ``{"general": "wiki"}``) used by NL-DAG plans.
         tokenizer: ``None`` (built-in tokenizer), a transformers or ``tokenizers`` tokenizer, or a path.
-        reward / reward_options: override the protocol's reward preset and its options.
+        reward: the protocol's preset by default; a preset name, or a :class:`rewards.schedule.StepReward`
+            (``StagedReward``, ``Preset``, ``ComponentMix``, ``RewardMix``) scored at the training step
+            set with :meth:`set_reward_step`.
+        reward_options: keyword options for the reward (replacing the protocol's when ``reward`` is given).
         evidence_model / judge: model-based reward parts passed to :func:`rewards.score`.
         max_new_tokens: agent tokens per episode before truncation.
         max_turns: searches per episode (-1, the default: the protocol's; None: unlimited); further calls
             get an error observation.
         max_context: total tokens (prompt included) before truncation.
-        max_result_tokens: cap on the document tokens of one result block (the closing tag is kept).
+        max_result_tokens: cap on the document tokens of one result block (its prefix and closing
+            suffix are kept).
         top_k: passages per query (default: the protocol's).
         cache_size: wrap every source in an LRU cache of this many (query, k) entries (0: no cache).
         source_timeout_s: per-call time limit of every source; a late call becomes an error observation.
@@ -94,12 +114,12 @@ class SearchQAEnv(gym.Env):
         self,
         protocol: str | Protocol = "search-r1",
         dataset: str | Sequence[QAExample] = "synthetic",
-        sources: Source | Mapping[str, Source] | None = None,
+        sources: Source | str | Mapping[str, Source | str] | None = None,
         *,
         default_source: str | None = None,
         source_aliases: Mapping[str, str] | None = None,
         tokenizer: Any = None,
-        reward: str | None = None,
+        reward: str | StepReward | None = None,
         reward_options: Mapping[str, Any] | None = None,
         evidence_model: Callable[[str, str], str] | None = None,
         judge: Callable[[str, list[str], str], float] | None = None,
@@ -117,15 +137,20 @@ class SearchQAEnv(gym.Env):
     ) -> None:
         self.protocol = get_protocol(protocol)
         self.codec: TokenCodec = as_codec(tokenizer)
-        self.examples, world = _resolve_dataset(dataset, world_seed, world_size)
-        self.sources = _guard_sources(_resolve_sources(sources, world), cache_size, source_timeout_s)
-        self.source_aliases = {k.lower(): v.lower() for k, v in (source_aliases or _default_aliases(self.sources)).items()}
+        self.examples, world = resolve_dataset(dataset, world_seed, world_size)
+        self.sources = guard_sources(resolve_sources(sources, world), cache_size, source_timeout_s)
+        self.source_aliases = {k.lower(): v.lower() for k, v in (source_aliases or default_aliases(self.sources)).items()}
         self.default_source = (default_source or ("all" if "all" in self.sources else next(iter(self.sources)))).lower()
         if self.default_source not in self.sources:
             raise ValueError(f"default_source {self.default_source!r} is not one of {sorted(self.sources)}")
-        self.reward_preset = reward or self.protocol.reward
-        self.reward_options = dict(self.protocol.reward_options if reward is None else {}, **(reward_options or {}))
+        plan_names = sorted(set(self.sources) | set(self.source_aliases))
+        if self.protocol.call_kind == "dag" and self.protocol.plan_tools:
+            offered = offered_plan_tools(self.protocol.plan_tools, self.sources, self.source_aliases)
+            if offered != self.protocol.plan_tools:
+                self.protocol = self.protocol.with_options(plan_tools=offered)
+        self.reward, self.reward_options = resolve_reward(self.protocol, reward, reward_options, plan_names)
         self.evidence_model, self.judge = evidence_model, judge
+        self._reward_step = 0
         self.max_new_tokens = int(max_new_tokens)
         self.max_turns = self.protocol.max_turns if max_turns == -1 else max_turns
         self.max_context = int(max_context)
@@ -147,14 +172,14 @@ class SearchQAEnv(gym.Env):
             }
         )
         self._vocab = vocab
+        self._scanner = TagScanner(self.codec, (self.protocol.call_close, self.protocol.answer_close))
         self._tok_bytes = self.codec.token_bytes
-        self._eos = self.codec.eos_ids
-        self._watched = (self.protocol.call_close.encode(), self.protocol.answer_close.encode())
-        self._max_tag = max(len(t) for t in self._watched)
-        # Which ids may complete a watched tag (they hold a tag's last byte), and which need attention.
-        self._may_close, self._attention = self.codec.tag_tables(frozenset(t[-1] for t in self._watched))
+        self._attention = self._scanner.attention
         self._done = True
+        self._terminated = self._truncated = False
         self._traj: Trajectory | None = None
+        self._episode: Episode | None = None  # the step in progress (see start_step)
+        self._request: Request | None = None
 
     # ---------------------------------------------------------------------------------------------
     # Gymnasium API
@@ -197,11 +222,14 @@ class SearchQAEnv(gym.Env):
         )
         self._traj.counters = self._counters
         self._done = False
+        self._terminated = self._truncated = False
+        self._episode = self._request = None
         obs = {"token_ids": tuple(prompt_ids), "producers": (ENVIRONMENT,) * len(prompt_ids)}
         return obs, {"question": example.question, "example_id": example.id, "prompt_length": len(prompt_ids)}
 
     def step(self, action: int | Sequence[int]):
-        """Feed one token id, or a chunk of ids (a list or 1-d array), and get what became visible.
+        """Feed one token id (an ``int`` or numpy integer), or a chunk of ids (a list, tuple or integer
+        array), and get what became visible. Anything else (a float, a str, bools) is a ``ValueError``.
 
         A chunk gives exactly the episode that feeding its ids one at a time gives: the observation is
         the concatenation, the reward the sum, ``info`` the last step's with ``events`` listing every
@@ -210,7 +238,7 @@ class SearchQAEnv(gym.Env):
         """
         if self._done:
             raise gym.error.ResetNeeded("step() called on a finished episode (or before reset()); call reset()")
-        if isinstance(action, (int, np.integer)):
+        if type(action) is int or isinstance(action, np.integer):
             a = int(action)
             if a < 0 or a >= self._vocab:
                 raise ValueError(f"token id {a} is outside the action space Discrete({self._vocab})")
@@ -226,20 +254,10 @@ class SearchQAEnv(gym.Env):
                 start = len(self._ids) - 1
                 self._finish("max_new_tokens" if self._n_new >= self.max_new_tokens else "max_context", truncated=True)
                 return self._step_result(start, None)
-        ids, chunk = self._action_ids(action)
-        start = len(self._ids)
-        _drive(self._advance(ids), self._answer_request)
-        return self._step_result(start, self._consumed if chunk else None)
-
-    def _action_ids(self, action: int | Sequence[int]) -> tuple[list[int], bool]:
-        """Validated ids of an action, and whether it was a chunk (rather than one id)."""
-        if isinstance(action, (int, np.integer)):
-            ids, chunk = [int(action)], False
-        else:
-            ids, chunk = np.asarray(action, dtype=np.int64).reshape(-1).tolist(), True
-        if ids and (min(ids) < 0 or max(ids) >= self._vocab):
-            raise ValueError(f"token ids must lie in [0, {self._vocab}) (the action space)")
-        return ids, chunk
+        request = self.start_step(action)
+        while request is not None:
+            request = self.take_results(self.answer(request))
+        return self.finish_step()
 
     def render(self) -> str | None:
         """The episode's text so far (prompt, agent text and observations)."""
@@ -252,7 +270,98 @@ class SearchQAEnv(gym.Env):
             source.close()
 
     # ---------------------------------------------------------------------------------------------
+    # Batched stepping: step() in four pieces, for callers that answer many episodes' requests at once
+    def start_step(self, action: int | Sequence[int]) -> Request | None:
+        """Begin a step with ``action`` (checked as :meth:`step` checks it): the agent's tokens are taken
+        up to the first search call they close, whose request is returned. None: the step needs no
+        search, call :meth:`finish_step`."""
+        if self._done:
+            raise gym.error.ResetNeeded("start_step() called on a finished episode (or before reset()); call reset()")
+        if self._episode is not None:
+            raise RuntimeError("a step is in progress: give it its results (take_results) and finish it (finish_step)")
+        ids, chunk = self._action_ids(action)
+        self._step_start, self._step_chunk = len(self._ids), chunk
+        self._episode = self._advance(ids)
+        return self._resume(None)
+
+    @property
+    def pending_request(self) -> Request | None:
+        """The search request the step in progress waits on (None when it waits on nothing)."""
+        return self._request
+
+    def take_results(self, results: Any) -> Request | None:
+        """Give the pending request its results (see :class:`SearchRequest` and :class:`PlanRequest`; an
+        exception becomes an error observation). The step goes on to its next call, whose request is
+        returned, or to its end (None: call :meth:`finish_step`)."""
+        if self._request is None:
+            raise RuntimeError("no search request is pending: call start_step() first")
+        return self._resume(results)
+
+    def finish_step(self):
+        """End the step in progress and return what :meth:`step` returns for it."""
+        if self._episode is None:
+            raise RuntimeError("no step in progress: call start_step() first")
+        if self._request is not None:
+            raise RuntimeError("the step still waits on its search request: call take_results() first")
+        self._episode = None
+        return self._step_result(self._step_start, self._consumed if self._step_chunk else None)
+
+    def answer(self, request: Request) -> list[Passage] | Any | BaseException:
+        """Run one request on this environment's sources, as :meth:`step` does (a failure is returned)."""
+        if isinstance(request, SearchRequest):
+            return self.search_batch(request.source, [request.query], request.k)[0]
+        return self.run_plan(request)
+
+    def search_batch(self, source: str, queries: list[str], k: int) -> list[list[Passage] | BaseException]:
+        """Run queries on one source, at most ``k`` passages each. A failure, or results that are not one
+        list of passages per query, becomes an exception object for each query, naming the source."""
+        try:
+            results = checked_results(self.sources[source].search(queries, k), len(queries), source)
+        except Exception as exc:  # noqa: BLE001 - a source failure is an observation, never a crash
+            return [exc] * len(queries)
+        return [r[:k] for r in results]
+
+    def run_plan(self, request: PlanRequest) -> Any:
+        """Execute an NL-DAG plan over this environment's sources (exceptions are returned, not raised)."""
+        from search_env.dag import execute_plan
+
+        try:
+            return execute_plan(
+                request.plan, self.sources, k=request.k, aliases=self.source_aliases, max_query_chars=MAX_QUERY_CHARS
+            )
+        except Exception as exc:  # noqa: BLE001
+            return exc
+
+    @property
+    def done(self) -> bool:
+        """True before the first reset and once the episode has ended (step() then needs reset())."""
+        return self._done
+
+    @property
+    def terminated(self) -> bool:
+        """The episode ended by an answer, EOS or an empty R1-Searcher query."""
+        return self._terminated
+
+    @property
+    def truncated(self) -> bool:
+        """The episode ended by a budget (tokens or context)."""
+        return self._truncated
+
+    # ---------------------------------------------------------------------------------------------
     # Public helpers
+    def set_reward_step(self, step: int) -> None:
+        """Score the episodes that end from now on at training step ``step`` (a trainer calls this every
+        step, so a :class:`rewards.schedule.StepReward` such as R1-Searcher's two stages follows it).
+        A preset name scores the same at every step."""
+        if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"the reward step must be an int >= 0, got {step!r}")
+        self._reward_step = int(step)
+
+    @property
+    def reward_step(self) -> int:
+        """The training step episodes are scored at (see :meth:`set_reward_step`)."""
+        return self._reward_step
+
     def render_prompt(self, question: str) -> str:
         """The prompt text for ``question`` under this environment's protocol and tokenizer."""
         if self.use_chat:
@@ -273,14 +382,48 @@ class SearchQAEnv(gym.Env):
 
     # ---------------------------------------------------------------------------------------------
     # Episode mechanics (generators: they yield requests and receive results)
+    def check_action(self, action: Any) -> None:
+        """Raise the ``ValueError`` that :meth:`step` would raise for ``action``, changing nothing (a batch
+        checks every episode's action before any episode starts its step)."""
+        self._action_ids(action)
+
+    def _action_ids(self, action: Any) -> tuple[list[int], bool]:
+        """Checked ids of an action, and whether it was a chunk (rather than one id)."""
+        if type(action) is int or isinstance(action, np.integer):
+            ids, chunk = [int(action)], False
+        elif isinstance(action, (list, tuple)):
+            ids, chunk = list(action), True
+            kinds = set(map(type, ids))
+            if kinds - {int}:
+                if not all(kind is not bool and issubclass(kind, (int, np.integer)) for kind in kinds):
+                    names = ", ".join(sorted(kind.__name__ for kind in kinds))
+                    raise ValueError(f"token ids must be integers, not {names}")
+                ids = [int(t) for t in ids]
+        elif isinstance(action, np.ndarray) or hasattr(action, "__array__"):
+            array = np.asarray(action)
+            if array.dtype.kind not in "iu":
+                raise ValueError(f"token ids must be integers, not an array of {array.dtype}")
+            ids, chunk = array.reshape(-1).tolist(), True
+        else:
+            raise ValueError(f"an action is a token id (int) or a sequence of ids, not {type(action).__name__}")
+        if ids and (min(ids) < 0 or max(ids) >= self._vocab):
+            raise ValueError(f"token ids must lie in [0, {self._vocab}) (the action space)")
+        return ids, chunk
+
+    def _resume(self, value: Any) -> Request | None:
+        try:
+            self._request = self._episode.send(value)  # type: ignore[union-attr]
+        except StopIteration:
+            self._request = None
+        return self._request
+
     def _advance(self, ids: Sequence[int]) -> Episode:
         self._consumed = 0
-        self._step_events: list[dict[str, Any]] = []
-        self._answer_at: tuple[int, int] | None = None
         n = len(ids)
         i = 0
         while i < n and not self._done:
-            j = self._next_attention(ids, i)
+            room = min(self.max_new_tokens - self._n_new, self.max_context - len(self._ids))
+            j = self._scanner.next_attention(ids, i, room, self._buf, self._turn_start)
             if j > i:
                 self._append_agent_bulk(ids[i:j])
             if j < n:
@@ -288,39 +431,6 @@ class SearchQAEnv(gym.Env):
                 j += 1
             i = j
         self._consumed = i
-
-    def _next_attention(self, ids: Sequence[int], i: int) -> int:
-        """The first index >= i whose token needs the single-token logic (may end a tag, is EOS, or
-        exhausts a budget); ``len(ids)`` when none does. Exact, so bulk appends never skip an event."""
-        room = min(self.max_new_tokens - self._n_new, self.max_context - len(self._ids))
-        limit = min(len(ids), i + room - 1)  # the token that exhausts a budget needs attention
-        attention = self._attention
-        for j in range(i, limit):
-            if attention[ids[j]]:
-                break
-        else:
-            return limit
-        if j == i or not self._may_close[ids[j]] or ids[j] in self._eos:
-            return j
-        # ids[j] may close a tag: search the joined bytes of ids[i:limit] once, in C.
-        tb = self._tok_bytes
-        chunk = b"".join([tb[t] for t in ids[i:limit]])
-        base = len(self._buf)
-        back = min(self._max_tag - 1, base - self._turn_start)
-        window = bytes(self._buf[base - back :]) + chunk
-        end = None
-        for tag in self._watched:
-            pos = window.find(tag)
-            while pos != -1 and pos + len(tag) <= back:  # ended before this chunk: already handled
-                pos = window.find(tag, pos + 1)
-            if pos != -1 and (end is None or pos + len(tag) < end):
-                end = pos + len(tag)
-        eos_at = next((k for k in range(j, limit) if ids[k] in self._eos), limit)
-        if end is None:
-            return eos_at
-        lengths = accumulate(len(tb[t]) for t in ids[i:limit])
-        tag_at = i + bisect.bisect_left(list(lengths), end - back)
-        return min(tag_at, eos_at)
 
     def _append_agent_bulk(self, ids: Sequence[int]) -> None:
         tb = self._tok_bytes
@@ -345,28 +455,17 @@ class SearchQAEnv(gym.Env):
         self._buf += self._tok_bytes[a]
         self._ends.append(len(self._buf))
         self._n_new += 1
-        if a in self._eos:
+        if a in self._scanner.eos_ids:
             self._finish("eos", truncated=False)
             return
-        if self._may_close[a]:
-            tag, at = self._completed_tag(before)
+        if self._scanner.may_close[a]:
+            tag, at = self._scanner.completed_tag(self._buf, before, self._turn_start)
             if tag == 1:
                 self._close_answer(at)
             elif tag == 0:
                 yield from self._close_call(at)
         if not self._done and (self._n_new >= self.max_new_tokens or len(self._ids) >= self.max_context):
             self._finish("max_new_tokens" if self._n_new >= self.max_new_tokens else "max_context", truncated=True)
-
-    def _completed_tag(self, before: int) -> tuple[int, int]:
-        """Which watched tag (0 = call close, 1 = answer close; -1 none) ends in the bytes after
-        ``before``, and the byte offset where it starts. The earliest-ending one wins."""
-        best, best_end, best_at = -1, None, -1
-        for which, tag in enumerate(self._watched):
-            lo = max(self._turn_start, before - len(tag) + 1)
-            pos = self._buf.find(tag, lo)
-            if pos != -1 and (best_end is None or pos + len(tag) < best_end):
-                best, best_end, best_at = which, pos + len(tag), pos
-        return best, best_at
 
     def _close_answer(self, at: int) -> None:
         p = self.protocol
@@ -376,7 +475,7 @@ class SearchQAEnv(gym.Env):
             self._insert(p.invalid_action_text or p.error_text(f"{p.answer_close} without {p.answer_open}"), "error", "invalid_answer")
             return
         self._add_span("answer", opened, at + len(p.answer_close))
-        if self._answer_at is None:
+        if self._answer_at is None:  # the first answer of the episode is the one recorded
             self._answer_at = (opened + len(p.answer_open), at)
         if p.answer_ends_episode:
             self._finish("answer", truncated=False)
@@ -425,16 +524,14 @@ class SearchQAEnv(gym.Env):
         self._insert_results(p.result_prefix, p.format_docs(passages) if passages else p.empty_results_text, p.result_suffix)
 
     def _dag_call(self, content: str) -> Episode:
-        from search_env.dag import format_dag_results, parse_plan, validate_plan
+        from search_env.dag import format_dag_results, format_violations, parse_plan, validate_plan
 
         p = self.protocol
         plan = parse_plan(content)
-        known = set(self.sources) | set(self.source_aliases)
-        violations = validate_plan(plan, known_sources=known)
+        violations = validate_plan(plan, known_sources=set(self.sources) | set(self.source_aliases))
         if violations:
             self._counters["invalid_plans"] += 1
-            listing = "; ".join(str(v) for v in violations)
-            self._insert(p.error_text(f"Invalid search plan: {listing}"), "error", "invalid_plan")
+            self._insert(p.error_text(f"Invalid search plan:\n{format_violations(violations)}"), "error", "invalid_plan")
             return
         call = ToolCall(turn=self._n_searches + 1, kind="dag", content=content, sources=[], k=self.top_k)
         run = yield from self._run_call(call, PlanRequest(plan, self.top_k))
@@ -444,9 +541,10 @@ class SearchQAEnv(gym.Env):
         call.sources = sorted({node.source for node in run.nodes})
         call.passage_ids = [ps.id for node in run.nodes for ps in node.passages]
         self._counters["source_errors"] += sum(1 for node in run.nodes if node.error)
+        self._counters["queries_cut"] += sum(1 for node in run.nodes if node.query_cut)
         self._insert_results(p.result_prefix, format_dag_results(run, p.format_docs), p.result_suffix)
 
-    def _run_call(self, call: ToolCall, request: SearchRequest | PlanRequest) -> Generator[Any, Any, Any]:
+    def _run_call(self, call: ToolCall, request: Request) -> Generator[Request, Any, Any]:
         """Count and time one call, yield its request, record it; a failure (the answer is an
         exception) becomes an error observation and None is returned."""
         self._n_searches += 1
@@ -491,9 +589,7 @@ class SearchQAEnv(gym.Env):
             self._finish("max_context", truncated=True)
 
     def _add_span(self, kind: str, byte_start: int, byte_end: int) -> None:
-        first = bisect.bisect_right(self._ends, byte_start)
-        last = bisect.bisect_left(self._ends, byte_end) + 1
-        self.trajectory.spans.append(Span(kind, first, last))
+        self.trajectory.spans.append(Span(kind, *token_range(self._ends, byte_start, byte_end)))
 
     def _event(self, name: str) -> None:
         self._step_events.append({"event": name, "token_index": len(self._ids)})
@@ -512,11 +608,14 @@ class SearchQAEnv(gym.Env):
             begin, end = self._answer_at
             traj.answer = self._buf[begin:end].decode("utf-8", errors="replace").strip()
         traj.trained = self._trained_mask()
-        ended_with_eos = reason == "eos"
-        result = rewards.score(
-            self.reward_preset, traj.response_text, traj.golden_answers, question=traj.question,
-            ended_with_eos=ended_with_eos, evidence_model=self.evidence_model, judge=self.judge, **self.reward_options,
+        context = dict(
+            question=traj.question, ended_with_eos=reason == "eos", evidence_model=self.evidence_model,
+            judge=self.judge, **self.reward_options,
         )
+        if isinstance(self.reward, str):
+            result = rewards.score(self.reward, traj.response_text, traj.golden_answers, **context)
+        else:
+            result = self.reward(traj.response_text, traj.golden_answers, step=self._reward_step, **context)
         traj.reward = float(result.total)
         traj.reward_components = dict(result.components)
         self._event("end")
@@ -530,35 +629,11 @@ class SearchQAEnv(gym.Env):
             while pos != -1:
                 end = self._buf.find(c, pos + len(o))
                 end = len(self._buf) if end == -1 else end + len(c)
-                first = bisect.bisect_right(self._ends, pos)
-                last = bisect.bisect_left(self._ends, end) + 1
+                first, last = token_range(self._ends, pos, end)
                 for t in range(first, min(last, len(mask))):
                     mask[t] = 0
                 pos = self._buf.find(o, end)
         return mask
-
-    # -- answering requests in a single environment --------------------------------------------
-    def _answer_request(self, request: Any) -> Any:
-        if isinstance(request, SearchRequest):
-            return self.search_batch(request.source, [request.query], request.k)[0]
-        return self.run_plan(request)
-
-    def search_batch(self, source: str, queries: list[str], k: int) -> list[list[Passage] | BaseException]:
-        """Run queries on one source; a failure becomes the exception object for each query."""
-        try:
-            results = self.sources[source].search(queries, k)
-        except Exception as exc:  # noqa: BLE001 - a source failure is an observation, never a crash
-            return [exc] * len(queries)
-        return [list(r[:k]) for r in results]
-
-    def run_plan(self, request: PlanRequest) -> Any:
-        """Execute an NL-DAG plan over this environment's sources (exceptions are returned, not raised)."""
-        from search_env.dag import execute_plan
-
-        try:
-            return execute_plan(request.plan, self.sources, k=request.k, aliases=self.source_aliases)
-        except Exception as exc:  # noqa: BLE001
-            return exc
 
     def _step_result(self, start: int, consumed: int | None):
         ids, producers = tuple(self._ids[start:]), tuple(self._producers[start:])
@@ -574,69 +649,3 @@ class SearchQAEnv(gym.Env):
             info.update(trajectory=traj, reward_components=traj.reward_components, answer=traj.answer, end_reason=traj.end_reason)
         self._step_events = []
         return {"token_ids": ids, "producers": producers}, reward, terminated, truncated, info
-
-
-def _drive(episode: Episode, answer: Callable[[Any], Any]) -> None:
-    """Run an episode generator to its end, answering each request it yields with ``answer``."""
-    try:
-        request = next(episode)
-        while True:
-            request = episode.send(answer(request))
-    except StopIteration:
-        pass
-
-
-# -- construction helpers ----------------------------------------------------------------------------
-def _resolve_dataset(dataset: Any, seed: int, size: int) -> tuple[list[QAExample], Any]:
-    if isinstance(dataset, str) and dataset == "synthetic":
-        from search_env.synthetic import generate_world
-
-        world = generate_world(seed=seed, n_questions=size)
-        return list(world.questions), world
-    if isinstance(dataset, str):
-        from search_env.data.loaders import load_dataset
-
-        examples = list(load_dataset(dataset))
-    else:
-        examples = list(dataset)
-    if not examples:
-        raise ValueError("the dataset is empty")
-    return examples, None
-
-
-def _resolve_sources(sources: Any, world: Any) -> dict[str, Source]:
-    if sources is None:
-        if world is None:
-            raise ValueError("pass sources=... (a Source or a mapping of names to sources) for a non-synthetic dataset")
-        from search_env.sources.bm25 import BM25Source
-
-        resolved: dict[str, Source] = {name: BM25Source(passages, name=name) for name, passages in world.sources.items()}
-        resolved["all"] = BM25Source(world.passages(), name="all")
-        return resolved
-    if isinstance(sources, Source):
-        return {sources.name.lower(): sources}
-    resolved = {str(name).lower(): src for name, src in sources.items()}
-    if not resolved:
-        raise ValueError("sources is empty")
-    return resolved
-
-
-def _guard_sources(sources: dict[str, Source], cache_size: int, timeout_s: float | None) -> dict[str, Source]:
-    """Wrap each distinct source once: a time limit inside, an LRU cache outside (a hit costs no call)."""
-    if not cache_size and timeout_s is None:
-        return sources
-    from search_env.sources.cache import CachedSource
-    from search_env.sources.time_limit import TimeLimitedSource
-
-    wrapped: dict[int, Source] = {}
-    for source in sources.values():
-        if id(source) not in wrapped:
-            guarded = TimeLimitedSource(source, timeout_s) if timeout_s is not None else source
-            wrapped[id(source)] = CachedSource(guarded, maxsize=cache_size) if cache_size else guarded
-    return {name: wrapped[id(source)] for name, source in sources.items()}
-
-
-def _default_aliases(sources: Mapping[str, Source]) -> dict[str, str]:
-    """Reasoning-search's tool names mapped onto the synthetic world's sources, when both exist."""
-    aliases = {"general": "wiki", "academy": "papers", "search": "wiki"}
-    return {k: v for k, v in aliases.items() if v in sources and k not in sources}

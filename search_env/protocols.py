@@ -65,6 +65,11 @@ class Protocol:
         untrained_agent_spans: (open, close) pairs of agent-written spans that are not trained on.
         default_eos_string: the EOS text the reward's "solution" uses when the tokenizer has none of its own.
         stop_strings: where an LLM rollout should stop generating and hand the chunk to the environment.
+        plan_tools: NL-DAG protocols: the tools the prompt offers a plan's nodes, as (name, what it
+            searches) pairs, written where the system message holds ``{tools}``
+            ("General (web search), News (news articles) or Academy (...)"). The environment keeps
+            them when its sources serve every name and otherwise offers its own source names
+            instead, so the prompt never names a tool the environment cannot run.
     """
 
     name: str
@@ -94,6 +99,7 @@ class Protocol:
     reward: str = "search-r1"
     reward_options: dict[str, Any] = field(default_factory=dict)
     untrained_agent_spans: tuple[tuple[str, str], ...] = ()
+    plan_tools: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for attr in ("call_open", "call_close", "answer_open", "answer_close"):
@@ -116,7 +122,7 @@ class Protocol:
     # -- rendering -------------------------------------------------------------------------------
     def messages(self, question: str) -> list[dict[str, str]]:
         """Chat messages for ``question``: the system message (if any) and the user message."""
-        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages = [{"role": "system", "content": self._with_tools(self.system)}] if self.system else []
         messages.append({"role": "user", "content": self.user_template.format(question=self.question_rule(question))})
         return messages
 
@@ -126,7 +132,19 @@ class Protocol:
         if self.base_template is not None:
             return self.base_template.format(question=q)
         body = self.user_template.format(question=q)
-        return (f"{self.system}\n\n{body}" if self.system else body) + self.assistant_prefix
+        return (f"{self._with_tools(self.system)}\n\n{body}" if self.system else body) + self.assistant_prefix
+
+    @property
+    def tools_text(self) -> str:
+        """How the prompt lists :attr:`plan_tools`: ``"A (what), B (what) or C"``."""
+        named = [f"{name} ({what})" if what else name for name, what in self.plan_tools]
+        if len(named) <= 1:
+            return "".join(named)
+        return ", ".join(named[:-1]) + " or " + named[-1]
+
+    def _with_tools(self, system: str) -> str:
+        # str.replace, not str.format: system messages hold literal braces (ReSearch's \boxed{}).
+        return system.replace("{tools}", self.tools_text) if self.plan_tools else system
 
     def results_text(self, passages: Sequence[Passage]) -> str:
         """The whole observation appended after a successful call."""
@@ -279,7 +297,7 @@ _REASONING_SEARCH_SYSTEM = (
     "<result> ... </result> (never write <result> yourself), then <answer> the final answer </answer>.\n"
     "The search plan is a graph of sub-queries. Write a line 'Nodes:' followed by one line per node, "
     "'Label: sub-query (Tool)', where Label is one capital letter, the sub-query has at most 10 words and Tool "
-    "is General (web search), News (news articles) or Academy (papers; use English keywords). Then write a "
+    "is {tools}. Then write a "
     "line 'Edges:' followed by edges 'A -> B' (B needs the answer of A), several separated by ';'. Use at most "
     "8 nodes, edges only between declared nodes, no self-loops and no cycles. Use no other tags and no "
     "Markdown.\nExample plan:\nNodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\n"
@@ -308,6 +326,7 @@ REASONING_SEARCH = Protocol(
     top_k=3,
     max_turns=1,
     reward="reasoning-search",
+    plan_tools=(("General", "web search"), ("News", "news articles"), ("Academy", "papers; use English keywords")),
 )
 
 _REGISTRY: dict[str, Protocol] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from search_env.env import PlanRequest, SearchQAEnv, SearchRequest
+from search_env.env import PlanRequest, Request, SearchQAEnv, SearchRequest
 
 __all__ = ["BatchSearchQAEnv"]
 
@@ -62,40 +62,41 @@ class BatchSearchQAEnv:
         """
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        episodes: dict[int, Any] = {}
-        starts: dict[int, tuple[int, bool]] = {}
         for i, (env, action) in enumerate(zip(self.envs, actions)):
-            if action is None:
-                continue
-            if env._done:
+            if action is not None and env.done:
                 raise RuntimeError(f"episode {i} has ended: pass None as its action, or reset it")
-            ids, chunk = env._action_ids(action)
-            starts[i] = (len(env._ids), chunk)
-            episodes[i] = env._advance(ids)
-        pending = {i: _next(ep, None) for i, ep in episodes.items()}
-        pending = {i: r for i, r in pending.items() if r is not _DONE}
+            if action is not None:
+                env.check_action(action)  # all checked before any episode starts: a bad one changes nothing
+        stepped = [i for i, action in enumerate(actions) if action is not None]
+        pending = {i: self.envs[i].start_step(actions[i]) for i in stepped}
+        pending = {i: request for i, request in pending.items() if request is not None}
         while pending:
             answers = self._answer_round(pending)
-            pending = {i: _next(episodes[i], answers[i]) for i in pending}
-            pending = {i: r for i, r in pending.items() if r is not _DONE}
+            pending = {i: self.envs[i].take_results(answers[i]) for i in pending}
+            pending = {i: request for i, request in pending.items() if request is not None}
 
         observations, infos = [], []
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
         for i, env in enumerate(self.envs):
-            if i not in starts:
+            if actions[i] is None:
                 observations.append({"token_ids": (), "producers": ()})
                 infos.append({})
-                terminated[i], truncated[i] = env._done and env._terminated, env._done and env._truncated
+                terminated[i], truncated[i] = env.terminated, env.truncated
                 continue
-            start, chunk = starts[i]
-            obs, rewards[i], terminated[i], truncated[i], info = env._step_result(start, env._consumed if chunk else None)
+            obs, rewards[i], terminated[i], truncated[i], info = env.finish_step()
             observations.append(obs)
             infos.append(info)
         return observations, rewards, terminated, truncated, infos
 
-    def _answer_round(self, pending: dict[int, Any]) -> dict[int, Any]:
+    def set_reward_step(self, step: int) -> None:
+        """Score the episodes that end from now on at training step ``step`` (see
+        :meth:`SearchQAEnv.set_reward_step`); a trainer calls it every step."""
+        for env in self.envs:
+            env.set_reward_step(step)
+
+    def _answer_round(self, pending: dict[int, Request]) -> dict[int, Any]:
         """Answer one round of requests: one batched call per source, plans side by side on threads."""
         answers: dict[int, Any] = {}
         by_source: dict[tuple[int, str], list[int]] = defaultdict(list)
@@ -128,12 +129,3 @@ class BatchSearchQAEnv:
             self._pool.shutdown(wait=True)
         self.envs[0].close()
 
-
-_DONE = object()
-
-
-def _next(episode: Any, value: Any) -> Any:
-    try:
-        return episode.send(value) if value is not None else next(episode)
-    except StopIteration:
-        return _DONE

@@ -6,6 +6,7 @@ machine is shared, and the precise figures are measured by benchmarks/dag_critic
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -80,7 +81,7 @@ def test_a_node_starts_when_its_own_parents_are_done_not_its_level() -> None:
     a, b, c = run.node("A"), run.node("B"), run.node("C")
     assert c.start >= a.end
     assert c.start < b.end - 0.1  # level-by-level would wait for B (0.3 s) before starting C
-    assert labels(run) == ["A", "C", "B"]
+    assert labels(run) == ["A", "B", "C"], "listed in plan order although C finished before B"
 
 
 def test_nodes_ready_together_on_one_source_are_one_call() -> None:
@@ -112,10 +113,18 @@ def test_max_concurrency_one_serialises_calls() -> None:
     assert run.wall_s >= 0.2
 
 
-def test_execution_order_is_completion_then_label() -> None:
-    sources = {"fast": SleepySource("fast", 0.01), "slow": SleepySource("slow", 0.15)}
-    run = execute_plan(parse_plan("Y: y (slow)\nB: b (fast)\nA: a (fast)\nZ: z (fast)"), sources)
-    assert labels(run) == ["A", "B", "Z", "Y"]
+def test_results_are_in_plan_order_generation_then_label_whatever_the_latencies() -> None:
+    # Generations: {B, Y} are roots, {A, Z} need a root, {C} needs Z. Timing must not matter.
+    text = "Y: y (s1)\nB: b (s2)\nA: a (s3)\nZ: z (s1)\nC: c (s2)\nEdges:\nY -> A ; B -> Z ; Z -> C"
+    rng = random.Random(7)
+    orders, blocks = set(), set()
+    for _ in range(12):
+        sources = {name: SleepySource(name, rng.uniform(0.0, 0.02)) for name in ("s1", "s2", "s3")}
+        run = execute_plan(parse_plan(text), sources)
+        orders.add(tuple(labels(run)))
+        blocks.add(format_dag_results(run, lambda passages: "".join(p.title + "\n" for p in passages)))
+    assert orders == {("B", "Y", "A", "Z", "C")}
+    assert len(blocks) == 1
 
 
 def test_top_passage_title_fills_ancestor_placeholders() -> None:
@@ -199,8 +208,36 @@ def test_timeout_is_reported_and_does_not_hold_the_children() -> None:
 def test_wrong_result_count_and_k_truncation() -> None:
     short = SleepySource("short", results=[])
     run = execute_plan(parse_plan("A: a (short)\nB: b (wiki)"), {"short": short, "wiki": SleepySource("wiki")}, k=2)
-    assert run.node("A").error == "source returned 0 result lists for 1 queries"
+    assert run.node("A").error == "source 'short' returned 0 result lists for 1 queries"
     assert [p.title for p in run.node("B").passages] == ["wiki:b:0", "wiki:b:1"]
+
+
+class ReturnsAsIs(Source):
+    """A buggy plug-in that returns ``results`` whatever it is asked."""
+
+    def __init__(self, results: object) -> None:
+        self.name, self.results = "bad", results
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        return self.results  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("results", [None, [None], [["not a passage"]], "a"])
+def test_results_that_are_not_lists_of_passages_are_a_node_error(results: object) -> None:
+    run = execute_plan(parse_plan("A: a (bad)\nB: b (wiki)"), {"bad": ReturnsAsIs(results), "wiki": SleepySource("wiki")})
+    assert run.node("A").error.startswith("source 'bad' returned") and run.node("A").passages == ()
+    assert run.node("B").ok
+
+
+def test_queries_longer_than_max_query_chars_are_cut_after_substitution() -> None:
+    wiki = SleepySource("wiki")
+    text = "A: short (wiki)\nB: {A} " + "x" * 30 + " (wiki)\nA -> B"
+    run = execute_plan(parse_plan(text), {"wiki": wiki}, max_query_chars=20)
+    assert not run.node("A").query_cut and run.node("A").query == "short"
+    assert run.node("B").query_cut and run.node("B").query == ("wiki:short:0 " + "x" * 30)[:20]
+    assert wiki.calls[-1] == [run.node("B").query]
+    with pytest.raises(ValueError):
+        execute_plan(parse_plan(text), {"wiki": wiki}, max_query_chars=0)
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,8 @@ def test_format_violations_is_bounded() -> None:
     text = format_violations(violations, limit=3)
     assert text.splitlines() == ["- rule: detail 0", "- rule: detail 1", "- rule: detail 2", "- ... and 22 more"]
     assert format_violations(violations[:2]) == "- rule: detail 0\n- rule: detail 1"
+    long = format_violations([Violation("unknown_source", "x" * 500), Violation("cycle", "A -> B -> A")], line_chars=40)
+    assert long.splitlines() == ["- unknown_source: " + "x" * 19 + "...", "- cycle: A -> B -> A"]
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 from search_env.data.example import QAExample
@@ -174,3 +175,99 @@ def test_env_options_cache_repeated_queries_and_time_out_slow_sources(split_tag_
     feed(slow, "<search> zarbo </search>")
     assert slow.trajectory.counters["source_errors"] == 1 and "Search failed" in slow.response_text
     assert "SourceError" in slow.trajectory.tool_calls[0].error
+
+
+class ReturnsAsIs(CountingSource):
+    """A buggy plug-in source: it returns ``results`` whatever it is asked."""
+
+    def __init__(self, name: str, results: object) -> None:
+        super().__init__(name)
+        self.results = results
+
+    def search(self, queries, k):
+        super().search(queries, k)
+        return self.results
+
+
+BAD_RESULTS = {
+    "two lists for one query": [[], []],
+    "None": None,
+    "a list of None": [None],
+    "strings, not passages": [["a passage, as text"]],
+}
+
+
+@pytest.mark.parametrize("results", list(BAD_RESULTS.values()), ids=list(BAD_RESULTS))
+def test_a_source_returning_the_wrong_shape_is_an_error_observation_naming_it(split_tag_tokenizer, results):
+    env = make(split_tag_tokenizer, source={"buggy": ReturnsAsIs("buggy", results)})
+    obs, reward, terminated, truncated, info = feed(env, "<search> zarbo </search>")
+    assert not (terminated or truncated)
+    assert "Search failed: SourceError: source 'buggy' returned" in env.response_text
+    assert env.trajectory.counters["source_errors"] == 1 and env.trajectory.tool_calls[0].error.startswith("SourceError")
+    *_, terminated, _, _ = feed(env, "<answer> Bob Smith </answer>")
+    assert terminated and env.trajectory.reward == 1.0, "the episode goes on normally after the error"
+
+
+@pytest.mark.parametrize("action", [1.5, "5", True, [True, False], [1, 2.0], np.array([1.0, 2.0]), [2**63], 2**63, None, {1, 2}])
+def test_non_integer_or_out_of_range_actions_are_a_value_error_that_changes_nothing(split_tag_tokenizer, action):
+    env = make(split_tag_tokenizer)
+    before = list(env.trajectory.token_ids)
+    with pytest.raises(ValueError, match="token id|integers|action"):
+        env.step(action)
+    assert env.trajectory.token_ids == before and not env.done
+    env.step(env.codec.encode("still fine"))
+
+
+def test_integer_ids_of_every_accepted_form_are_the_same_action(split_tag_tokenizer):
+    ids = split_tag_tokenizer.encode("the answer is").ids
+    forms = [ids, tuple(ids), np.asarray(ids, dtype=np.int32), np.asarray(ids, dtype=np.uint16), [np.int64(t) for t in ids]]
+    seen = set()
+    for form in forms:
+        env = make(split_tag_tokenizer)
+        obs, *_ = env.step(form)
+        seen.add(obs["token_ids"])
+    assert seen == {tuple(ids)}
+    env = make(split_tag_tokenizer)
+    assert env.step(np.int16(ids[0]))[0]["token_ids"] == (ids[0],)
+
+
+def test_an_invalid_plan_error_is_capped_however_broken_the_plan(split_tag_tokenizer):
+    env = SearchQAEnv("reasoning-search", dataset=EXAMPLES, sources={"wiki": CountingSource("wiki")},
+                      tokenizer=split_tag_tokenizer, max_new_tokens=50_000, max_context=100_000)
+    env.reset(seed=0)
+    plan = "Nodes:\n" + "\n".join(f"{chr(65 + i % 26)}: q (src{i} {'x' * 100})" for i in range(60))
+    obs, *_ = feed(env, f"<search>{plan}</search>")
+    error = env.response_text[len(f"<search>{plan}</search>"):]
+    assert error.startswith("\n<result>\nInvalid search plan:\n- ") and "- ... and " in error
+    assert len(error.splitlines()) <= 16 and max(map(len, error.splitlines())) <= 200
+    assert env.trajectory.counters["invalid_plans"] == 1
+
+
+def test_dag_node_queries_are_cut_like_single_queries(split_tag_tokenizer):
+    wiki = CountingSource("wiki")
+    env = SearchQAEnv("reasoning-search", dataset=EXAMPLES, sources={"wiki": wiki}, tokenizer=split_tag_tokenizer,
+                      max_new_tokens=4000, max_context=30_000)
+    env.reset(seed=0)
+    feed(env, "<search>Nodes:\nA: " + "word " * 300 + "(wiki)\nB: short (wiki)\n</search>")
+    assert sorted(len(q) for q in wiki.calls[0]) == [len("short"), MAX_QUERY_CHARS]
+    assert env.trajectory.counters["queries_cut"] == 1
+    assert [node["query_cut"] for node in env.trajectory.tool_calls[0].nodes] == [True, False]
+
+
+def test_sources_may_be_a_corpus_path(split_tag_tokenizer, tmp_path):
+    import json
+
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"id": "1", "title": "Zarbo", "text": "Zarbo was founded by Bob Smith."}, {"id": "2", "title": "Quell", "text": "Quell lies in Mirth."}]
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for sources in (str(corpus), corpus, {"notes": str(corpus)}):
+        env = make(split_tag_tokenizer, source=sources)
+        feed(env, "<search> who founded zarbo </search>")
+        assert env.trajectory.tool_calls[0].passage_ids[0] == "1"
+    assert make(split_tag_tokenizer, source=str(corpus)).default_source == "wiki"
+    with pytest.raises(FileNotFoundError):
+        make(split_tag_tokenizer, source=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(TypeError, match="a Source, a corpus path"):
+        make(split_tag_tokenizer, source=42)
+    with pytest.raises(TypeError, match=r"sources\['wiki'\] must be a Source or a corpus path"):
+        make(split_tag_tokenizer, source={"wiki": 42})

@@ -1,4 +1,6 @@
-"""A chunk of ids must give exactly the episode that feeding the same ids one at a time gives."""
+"""A chunk of ids must give exactly the episode that feeding the same ids one at a time gives: the same
+observations, events and reward, and the same trajectory record (answer, spans, tool calls, counters,
+reward components), end-of-sequence ids included."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +20,7 @@ FRAGMENTS = [
     "</original_evidence>", "Nodes:\nA: who founded (News)\n", "Edges:\nA -> B\n", "B: where {A} (General)\n",
     " the city", " Bob Smith", "who", " ", "\n", "<", ">", "</", "search", "answer", "<foo>", "\\boxed{x}",
     "é", "日本", "\ufffd",
+    "<|endoftext|>", " <answer> Bob Smith </answer><|endoftext|>",  # both test tokenizers read it as their EOS id
 ]
 
 
@@ -108,10 +111,22 @@ def test_chunks_equal_single_steps_on_scripted_streams(stream_tokenizer, protoco
 )
 def test_chunks_equal_single_steps_on_random_ids(split_tag_tokenizer, data, cuts, max_new_tokens):
     vocab = split_tag_tokenizer.get_vocab_size()
-    eos = split_tag_tokenizer.token_to_id("<|endoftext|>")
     tag_ids = split_tag_tokenizer.encode("</search><search>q</answer><answer>").ids
-    ids = data.draw(st.lists(st.one_of(st.integers(0, vocab - 1).filter(lambda t: t != eos), st.sampled_from(tag_ids)), max_size=300))
-    check_equivalent(split_tag_tokenizer, "search-r1", ids, cuts, max_new_tokens, None)
+    protocol = data.draw(st.sampled_from(["search-r1", "research"]))  # research runs on past its answer to EOS
+    ids = data.draw(st.lists(st.one_of(st.integers(0, vocab - 1), st.sampled_from(tag_ids)), max_size=300))  # EOS included
+    check_equivalent(split_tag_tokenizer, protocol, ids, cuts, max_new_tokens, None)
+
+
+def test_research_answer_then_eos_records_the_answer_token_by_token_as_in_one_chunk(split_tag_tokenizer):
+    ids = split_tag_tokenizer.encode("<think> ok </think> <answer> \\boxed{Bob Smith} </answer>").ids
+    eos = split_tag_tokenizer.token_to_id("<|endoftext|>")
+    single, chunked = make_env(split_tag_tokenizer, "research", 500, None), make_env(split_tag_tokenizer, "research", 500, None)
+    single.reset(seed=0)
+    chunked.reset(seed=0)
+    run_single(single, ids + [eos])
+    run_chunked(chunked, ids + [eos], [])
+    assert single.trajectory.answer == chunked.trajectory.answer == "\\boxed{Bob Smith}"
+    assert single.trajectory.end_reason == "eos" and comparable(single) == comparable(chunked)
 
 
 def test_a_chunk_that_runs_past_a_closing_tag_continues_after_the_results(split_tag_tokenizer):

@@ -176,3 +176,33 @@ def test_any_protocol_can_opt_into_dag_calls(split_tag_tokenizer):
     env.step(env.codec.encode("<search>A: q1 (news)\nB: q2 (academy)\n</search>"))
     assert sources["news"].calls == [["q1"]] and sources["papers"].calls == [["q2"]]
     assert "<information>" in env.response_text
+
+
+class JitterySource(CountingSource):
+    """Answers like CountingSource after a random delay, so nodes finish in a random order."""
+
+    def __init__(self, name: str, rng) -> None:
+        super().__init__(name)
+        self.rng = rng
+
+    def search(self, queries, k):
+        import time
+
+        time.sleep(self.rng.uniform(0.0, 0.01))
+        return super().search(queries, k)
+
+
+def test_the_same_plan_gives_the_same_observation_whatever_the_source_latencies(split_tag_tokenizer):
+    import random
+
+    rng = random.Random(0)
+    plan = "<search>Nodes:\nC: c (news)\nA: a (wiki)\nB: b (papers)\nD: {A} d (news)\nEdges:\nA -> D ; B -> D\n</search>"
+    observations, orders = set(), set()
+    for _ in range(10):
+        sources = {name: JitterySource(name, rng) for name in ("wiki", "news", "papers")}
+        env = SearchQAEnv("reasoning-search", dataset=[EXAMPLE], sources=sources, tokenizer=split_tag_tokenizer)
+        env.reset(seed=0)
+        obs, *_ = env.step(env.codec.encode(plan))
+        observations.add(obs["token_ids"])
+        orders.add(tuple(node["label"] for node in env.trajectory.tool_calls[0].nodes))
+    assert orders == {("A", "B", "C", "D")} and len(observations) == 1

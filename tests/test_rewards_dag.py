@@ -154,3 +154,14 @@ def test_never_raises_and_is_consistent(content):
         assert "A" <= source <= "Z" and "A" <= target <= "Z"
     if dag.valid:
         assert dag.nodes and all(source in dag.nodes and target in dag.nodes and source != target for source, target in dag.edges)
+
+
+def test_a_tools_list_replaces_the_reference_tools_and_aliases_yield_to_it():
+    plan = "Nodes:\nA: q1 (Wiki)\nB: q2 (my  notes)\nC: q3 (search)\nEdges:\nA -> B"
+    assert read_strict_dag(plan).violations == ["unknown_tool:wiki", "unknown_tool:my notes"], "default: the reference's tools"
+    dag = read_strict_dag(plan, tools=["wiki", "My Notes", "general"])
+    assert dag.valid and dag.nodes["C"] == ("q3", "general"), "search is still read as general when only general is listed"
+    assert read_strict_dag(plan, tools=["wiki", "my notes", "search"]).nodes["C"] == ("q3", "search")
+    assert read_strict_dag(plan, tools=["wiki"]).violations == ["unknown_tool:my notes", "unknown_tool:general"]
+    with pytest.raises(TypeError, match="collection"):
+        read_strict_dag(plan, tools="wiki")

@@ -441,6 +441,16 @@ def test_reasoning_search_weights_and_question():
         rewards.score("reasoning-search", RSR_TRACE, ["Paris"], judge=Judge(1.0))
 
 
+def test_reasoning_search_tools_option_scores_a_users_source_as_a_valid_tool():
+    users_plan = RSR_TRACE.replace("(News)", "(mydb)").replace("(General)", "(wiki)")
+    assert users_plan != RSR_TRACE
+    default = rewards.score("reasoning-search", users_plan, ["Paris"])
+    assert default.total == pytest.approx(0.25) and "unknown_tool:mydb" in default.components["dag_violations"]
+    told = rewards.score("reasoning-search", users_plan, ["Paris"], tools=("wiki", "mydb"))
+    assert told.total == pytest.approx(1.0) and told.components["dag_valid"] is True
+    assert total("reasoning-search", RSR_TRACE, ["Paris"], tools=("wiki", "mydb")) == pytest.approx(0.25), "News is not listed"
+
+
 # ---------------------------------------------------------------------------------------------
 # every preset on junk: a RewardResult with a finite total, never an exception
 

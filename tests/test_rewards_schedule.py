@@ -10,7 +10,7 @@ import pytest
 
 import rewards
 from rewards.result import RewardResult
-from rewards.schedule import ComponentMix, LinearSchedule, Preset, RewardMix, StagedReward, StepReward, as_step_reward
+from rewards.schedule import ComponentMix, LinearSchedule, Preset, RewardMix, StagedReward, StepReward, accepts_option, as_step_reward
 
 
 class Fixed(StepReward):
@@ -244,3 +244,16 @@ def test_reward_mix_with_labels_schedule_and_nesting() -> None:
         RewardMix({"main": 1.0}, {"main": a, "extra": b})
     with pytest.raises(rewards.UnknownPresetError):
         RewardMix({"not-a-preset": 1.0})
+
+
+def test_accepts_option_follows_presets_through_stages_and_mixes() -> None:
+    assert accepts_option("reasoning-search", "tools") and not accepts_option("search-r1", "tools")
+    assert accepts_option(Preset("reasoning-search", judge_weight=0.2), "tools")
+    assert not accepts_option(Preset("reasoning-search", tools=("wiki",)), "tools"), "bound by the user: not filled in"
+    assert accepts_option(StagedReward([(0, "reasoning-search"), (5, Preset("reasoning-search"))]), "tools")
+    assert not accepts_option(StagedReward([(0, "reasoning-search"), (5, "search-r1")]), "tools")
+    assert accepts_option(ComponentMix("reasoning-search", {"judge": 1.0}), "tools")
+    assert not accepts_option(RewardMix({"reasoning-search": 0.5, "search-r1": 0.5}), "tools")
+    assert not accepts_option(Fixed("opaque", 1.0), "tools"), "an unknown StepReward is not assumed to take it"
+    rewards.register("takes-anything", lambda response, golds, **options: 0.0, replace=True)
+    assert accepts_option("takes-anything", "tools")

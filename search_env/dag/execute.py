@@ -13,7 +13,8 @@ flight; batches beyond it wait in a queue (and absorb later nodes for the same s
 accept concurrent calls, since two batches for one source may overlap.
 
 Errors are reported in place, never raised: a source that raises, an unknown or missing source, an
-empty query, a wrong number of result lists, or a timeout (``timeout_s``, counted from the batch's
+empty query, results that are not one list of passages per query (checked by
+:func:`~search_env.sources.base.checked_results`), or a timeout (``timeout_s``, counted from the batch's
 submission) give the node an ``error`` and no passages. A timed-out call cannot be interrupted: its
 worker thread runs on and its late answer is ignored, so sources should carry their own time limits.
 **Children of a failed node still run**: the failed parent simply provides no value for its
@@ -28,8 +29,11 @@ with ``False`` nothing is replaced. When an ancestor failed, found nothing, or t
 None, its placeholder is removed. Placeholders naming a label that is not an ancestor are left as
 written (the ancestor is the only node sure to be finished).
 
-Order. Results are listed in order of completion (end time), ties (nodes of one batch) by label.
-Times are seconds since the run began (``time.perf_counter``), for the trajectory record.
+Order. Results are listed in plan order, whatever the timing: by topological generation (roots
+first, then the nodes whose parents are all in earlier generations, and so on), then by label. The
+same plan therefore always gives the same result block, so the same seed and the same ids give the
+same episode however the sources' latencies fall. Times are seconds since the run began
+(``time.perf_counter``), for the trajectory record.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ import networkx as nx
 
 from search_env.dag.parser import Plan, PlanNode
 from search_env.dag.validate import normalize_source_name
-from search_env.sources.base import Passage, Source
+from search_env.sources.base import Passage, Source, SourceError, checked_results
 
 __all__ = [
     "DEFAULT_POOL_WORKERS",
@@ -77,8 +81,8 @@ class NodeRun:
     """What happened to one node: the ``query`` actually sent (after substitution), its
     ``passages`` (at most k, best first) or its ``error``, the ``start``/``end`` of its search call
     in seconds since the run began, the ``batch`` (index of the search call that served it, None if
-    no call was made) and the ``substitutions`` made into its query (label -> value, None when the
-    placeholder was removed)."""
+    no call was made), the ``substitutions`` made into its query (label -> value, None when the
+    placeholder was removed) and whether the query was cut to ``max_query_chars`` (``query_cut``)."""
 
     label: str
     source: str | None
@@ -89,6 +93,7 @@ class NodeRun:
     end: float
     batch: int | None
     substitutions: Mapping[str, str | None] = field(default_factory=dict)
+    query_cut: bool = False
 
     @property
     def ok(self) -> bool:
@@ -107,13 +112,14 @@ class NodeRun:
             "end": self.end,
             "batch": self.batch,
             "substitutions": dict(self.substitutions),
+            "query_cut": self.query_cut,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class DagRun:
-    """A finished run: ``nodes`` in execution order, the run's ``wall_s`` and the number of search
-    ``calls`` made (fewer than nodes when batching merged some)."""
+    """A finished run: ``nodes`` in plan order (topological generation, then label), the run's
+    ``wall_s`` and the number of search ``calls`` made (fewer than nodes when batching merged some)."""
 
     nodes: list[NodeRun]
     wall_s: float
@@ -175,17 +181,22 @@ def execute_plan(
     timeout_s: float | None = None,
     max_concurrency: int | None = None,
     executor: Executor | None = None,
+    max_query_chars: int | None = None,
 ) -> DagRun:
     """Run every node of ``plan`` on its source, each as soon as its parents are done.
 
     ``sources`` maps names to sources (with ``aliases``), or is a ready :class:`SourceTable`.
     Raises :class:`InvalidPlanError` only for a graph that cannot be scheduled; every per-node
     failure is reported in its :class:`NodeRun` (see the module docstring for the rules).
+    ``max_query_chars`` cuts each query, once its placeholders are filled, to that many characters
+    (the environment's limit for single queries too) and marks the node ``query_cut``.
     """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+    if max_query_chars is not None and max_query_chars < 1:
+        raise ValueError(f"max_query_chars must be at least 1, got {max_query_chars}")
     if isinstance(sources, SourceTable):
         if aliases is not None:
             raise ValueError("give aliases to the SourceTable, not to execute_plan, when passing a SourceTable")
@@ -193,12 +204,12 @@ def execute_plan(
     else:
         table = SourceTable(sources, aliases)
     graph = _graph(plan)
-    run = _Run(plan, graph, table, k, substitute, timeout_s, max_concurrency, executor or _default_pool())
+    run = _Run(plan, graph, table, k, substitute, timeout_s, max_concurrency, executor or _default_pool(), max_query_chars)
     return run.execute()
 
 
 def format_dag_results(run: DagRun, doc_formatter: Callable[[Sequence[Passage]], str]) -> str:
-    """The result block of a run: one section per node in execution order, headed
+    """The result block of a run: one section per node in plan order, headed
     ``{label} ({source}): {query sent}``, then ``doc_formatter(passages)`` (the protocol's document
     format; trailing newlines trimmed), ``No results.`` when it found nothing, or ``Error: ...``.
     Sections are separated by a blank line."""
@@ -241,10 +252,12 @@ class _Batch:
     """One search call: the nodes it answers, their queries, and its timings (set by the worker)."""
 
     index: int
+    name: str  # the canonical source name the batch's nodes resolved to
     source: Source
     labels: list[str] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
     substitutions: list[dict[str, str | None]] = field(default_factory=list)
+    cut: list[bool] = field(default_factory=list)
     submitted: float = 0.0
     started: float | None = None
     ended: float | None = None
@@ -270,10 +283,11 @@ class _Run:
         timeout_s: float | None,
         max_concurrency: int | None,
         pool: Executor,
+        max_query_chars: int | None,
     ) -> None:
         self.plan, self.graph, self.table, self.k = plan, graph, table, k
         self.substitute, self.timeout_s, self.pool = substitute, timeout_s, pool
-        self.max_concurrency = max_concurrency
+        self.max_concurrency, self.max_query_chars = max_concurrency, max_query_chars
         self.waiting = {label: graph.in_degree(label) for label in plan.nodes}
         self.ready = [label for label, count in self.waiting.items() if count == 0]
         self.queued: dict[str, _Batch] = {}  # canonical source name -> batch not yet submitted
@@ -290,7 +304,9 @@ class _Run:
             if not self.in_flight:
                 break
             self._collect()
-        order = sorted(self.finished.values(), key=lambda run: (run.end, run.label))
+        generations = enumerate(nx.topological_generations(self.graph))
+        rank = {label: depth for depth, generation in generations for label in generation}
+        order = sorted(self.finished.values(), key=lambda run: (rank[run.label], run.label))
         return DagRun(nodes=order, wall_s=time.perf_counter() - self.t0, calls=self.calls)
 
     def _now(self) -> float:
@@ -315,12 +331,16 @@ class _Run:
                     self._finish_without_call(node, query, substitutions, error)
                 else:
                     key, source = resolved
+                    cut = self.max_query_chars is not None and len(query) > self.max_query_chars
+                    if cut:
+                        query = query[: self.max_query_chars]
                     batch = self.queued.get(key)
                     if batch is None:
-                        batch = self.queued[key] = _Batch(index=-1, source=source)
+                        batch = self.queued[key] = _Batch(index=-1, name=key, source=source)
                     batch.labels.append(label)
                     batch.queries.append(query)
                     batch.substitutions.append(substitutions)
+                    batch.cut.append(cut)
 
     def _submit_queued(self) -> None:
         while self.queued and (self.max_concurrency is None or len(self.in_flight) < self.max_concurrency):
@@ -358,17 +378,12 @@ class _Run:
         if error is not None:
             self._finish_batch(batch, [], f"{type(error).__name__}: {error}")
             return
-        results = future.result()
-        if not isinstance(results, Sequence) or len(results) != len(batch.queries):
-            got = len(results) if isinstance(results, Sequence) else type(results).__name__
-            self._finish_batch(batch, [], f"source returned {got} result lists for {len(batch.queries)} queries")
-            return
         try:
-            ranked = [tuple(passages)[: self.k] for passages in results]
-        except TypeError:
-            self._finish_batch(batch, [], "source returned a result that is not a list of passages")
+            results = checked_results(future.result(), len(batch.queries), batch.name)
+        except SourceError as error:
+            self._finish_batch(batch, [], str(error))
             return
-        self._finish_batch(batch, ranked, None)
+        self._finish_batch(batch, [tuple(passages[: self.k]) for passages in results], None)
 
     def _finish_batch(
         self, batch: _Batch, results: list[tuple[Passage, ...]], error: str | None, end: float | None = None
@@ -389,6 +404,7 @@ class _Run:
                     end=end - self.t0,
                     batch=batch.index,
                     substitutions=batch.substitutions[position],
+                    query_cut=batch.cut[position],
                 )
             )
 

@@ -81,13 +81,18 @@ def validate_strict(search_content: str) -> list[Violation]:
     return violations
 
 
-def format_violations(violations: Sequence[Violation], *, limit: int = 10) -> str:
-    """One violation per line, at most ``limit`` of them and a count of the rest: the text of the
-    agent's error observation stays short however broken the plan."""
-    lines = [f"- {violation}" for violation in violations[:limit]]
+def format_violations(violations: Sequence[Violation], *, limit: int = 10, line_chars: int = 200) -> str:
+    """One violation per line, at most ``limit`` of them and a count of the rest, each line cut to
+    ``line_chars`` characters (a violation may quote a long tool name or list many edges): the text of
+    the agent's error observation stays short however broken the plan."""
+    lines = [_cut(f"- {violation}", line_chars) for violation in violations[:limit]]
     if len(violations) > limit:
         lines.append(f"- ... and {len(violations) - limit} more")
     return "\n".join(lines)
+
+
+def _cut(line: str, chars: int) -> str:
+    return line if len(line) <= chars else line[: chars - 3] + "..."
 
 
 def _unknown_sources(plan: Plan, known_sources: Collection[str]) -> list[Violation]:

@@ -7,8 +7,8 @@ sources on worker threads to overlap independent nodes.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,25 @@ class Passage:
 class SourceError(RuntimeError):
     """A source failed to answer (server down, timeout, bad response). The environment turns it into
     an error observation for that query or DAG node; it never escapes ``env.step``."""
+
+
+def checked_results(results: object, n_queries: int, source_name: str) -> list[list[Passage]]:
+    """``results`` of a plug-in's ``search`` for ``n_queries`` queries, checked at the boundary: one
+    list of :class:`Passage` per query. Anything else raises :class:`SourceError` naming the source,
+    which the environment turns into an error observation, so a buggy source cannot crash a step."""
+    if not isinstance(results, Sequence) or isinstance(results, (str, bytes)):
+        raise SourceError(f"source {source_name!r} returned {type(results).__name__}, not one result list per query")
+    if len(results) != n_queries:
+        raise SourceError(f"source {source_name!r} returned {len(results)} result lists for {n_queries} queries")
+    checked = []
+    for position, passages in enumerate(results):
+        if not isinstance(passages, Sequence) or isinstance(passages, (str, bytes)):
+            raise SourceError(f"source {source_name!r} returned {type(passages).__name__} for query {position}, not a list of Passage")
+        for passage in passages:
+            if not isinstance(passage, Passage):
+                raise SourceError(f"source {source_name!r} returned a {type(passage).__name__} for query {position}, not a Passage")
+        checked.append(list(passages))
+    return checked
 
 
 class Source(abc.ABC):

@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from search_env.sources.base import Passage, Source, SourceError
+from search_env.sources.base import Passage, Source, checked_results
 
 
 class CachedSource(Source):
@@ -53,10 +53,7 @@ class CachedSource(Source):
             self.misses += len(missing)
             self.hits += len(queries) - len(missing)
         if missing:
-            fetched = self.source.search(list(missing), k)
-            if len(fetched) != len(missing):
-                raise SourceError(f"source {self.name!r} returned {len(fetched)} result lists "
-                                  f"for {len(missing)} queries")
+            fetched = checked_results(self.source.search(list(missing), k), len(missing), self.name)
             with self._lock:
                 for (query, positions), passages in zip(missing.items(), fetched):
                     entry = tuple(passages)
