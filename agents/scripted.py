@@ -27,16 +27,13 @@ _DAG_TOOLS = {"wiki": "General", "news": "News", "papers": "Academy"}
 
 @dataclass(frozen=True)
 class DialectWriter:
-    """Writes thoughts, calls and answers the way a protocol's model is trained to."""
+    """Writes thoughts, calls and answers the way a protocol's model is trained to, reading only the
+    protocol's data (its tags and writing fields), so a registered dialect is written its own way."""
 
     protocol: Protocol
 
     def think(self, text: str) -> str:
-        # R1-Searcher's prompt opens <think> once, and searches happen inside it (closed by the
-        # answer); R-Search has no think tag.
-        if self.protocol.name in ("r1-searcher", "r-search"):
-            return f"{text} "
-        return f"<think> {text} </think>"
+        return self.protocol.thought_template.format(text=text)
 
     def call(self, query: str) -> str:
         return f"{self.protocol.call_open} {query} {self.protocol.call_close}"
@@ -48,14 +45,10 @@ class DialectWriter:
         return f"{self.protocol.call_open}\n" + "\n".join(lines) + f"\n{self.protocol.call_close}"
 
     def answer(self, answer: str, evidence: str | None = None) -> str:
+        """The final answer; ``evidence`` goes in an evidence block first where the dialect has one."""
         p = self.protocol
-        body = f"The final answer is \\[ \\boxed{{{answer}}} \\]" if p.name == "research" else answer
-        text = f"{p.answer_open} {body} {p.answer_close}"
-        if p.name == "r1-searcher":
-            text = "</think>" + text
-        if p.name == "r-search" and evidence:
-            text = f"<original_evidence> {evidence} </original_evidence>" + text
-        return text
+        block = f"{p.evidence_open} {evidence} {p.evidence_close}" if evidence and p.evidence_open else ""
+        return f"{p.answer_prefix}{block}{p.answer_open} {p.answer_template.format(answer=answer)} {p.answer_close}"
 
 
 class ScriptedAgent(TypingProtocol):
@@ -95,12 +88,18 @@ def run_episode(env: Any, agent: ScriptedAgent, *, seed: int | None = None, opti
 
 
 class OracleAgent:
-    """Searches the gold decomposition's sub-questions (gold answers substituted) and answers with the
-    gold answer. Needs examples with a decomposition (the synthetic world, MuSiQue)."""
+    """Searches every sub-question of the gold decomposition that needs a search (parents' gold
+    answers substituted) and answers with the gold answer. Without a decomposition it answers at once.
+
+    A sub-question needs a search unless the dataset names the sources of its sub-questions and
+    names none for this one, which has parents: the synthetic world's comparisons and yes/no checks,
+    answered from their parents' answers. MuSiQue names no sources, so each of its steps is searched.
+    """
 
     def start(self, example: QAExample) -> None:
         self._example = example
-        self._queue = [n for n in example.decomposition if n.source is not None or not n.parents]
+        names_sources = any(n.source is not None for n in example.decomposition)
+        self._queue = [n for n in example.decomposition if n.source is not None or not n.parents or not names_sources]
         self._planned = False
 
     def next_text(self, writer: DialectWriter, observation_text: str) -> str | None:

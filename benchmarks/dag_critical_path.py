@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import networkx as nx
 
+from search_env.console import HelpFormatter
 from search_env.dag import execute_plan, parse_plan, validate_plan
 from search_env.sources.base import Passage, Source
 
@@ -162,18 +163,18 @@ def bench_execution(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dag_critical_path", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--dags", type=int, default=40, help="random DAGs to execute")
-    parser.add_argument("--min-nodes", type=int, default=5)
-    parser.add_argument("--max-nodes", type=int, default=30)
+    parser.add_argument("--min-nodes", type=int, default=5, help="fewest nodes of a random DAG")
+    parser.add_argument("--max-nodes", type=int, default=30, help="most nodes of a random DAG")
     parser.add_argument("--sources", type=int, default=3, choices=range(1, len(SOURCE_NAMES) + 1), help="sources the nodes pick from")
     parser.add_argument("--latency", type=float, default=0.05, help="seconds each search call sleeps")
-    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--k", type=int, default=3, help="passages per node")
     parser.add_argument("--repeats", type=int, default=3, help="DAG runs per plan (median taken)")
     parser.add_argument("--seq-repeats", type=int, default=1, help="one-after-another runs per plan (median taken)")
     parser.add_argument("--parse-size", type=int, default=100_000, help="characters per adversarial block")
-    parser.add_argument("--parse-repeats", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parse-repeats", type=int, default=5, help="parses per adversarial block (median taken)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random DAGs")
     parser.add_argument("--skip-parse", action="store_true", help="only the execution benchmark")
     args = parser.parse_args(argv)
     if not args.skip_parse:

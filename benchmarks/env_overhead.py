@@ -19,6 +19,7 @@ import gymnasium as gym
 
 import search_env  # noqa: F401  (registers SearchQA-v0)
 from search_env import BatchSearchQAEnv
+from search_env.console import HelpFormatter
 
 
 def _plain_ids(env, n: int) -> list[int]:
@@ -72,11 +73,11 @@ def batched_steps_per_s(num_envs: int, steps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.env_overhead", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--tokens", type=int, default=1000, help="tokens per timed episode (below max_new_tokens)")
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--envs", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk", type=int, default=256, help="ids per chunk in chunk mode")
+    parser.add_argument("--envs", type=int, default=16, help="episodes stepped together in the batched figure")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is reported)")
     args = parser.parse_args(argv)
 
     made = gym.make("SearchQA-v0", max_new_tokens=1_000_000, max_context=1_000_000)

@@ -41,6 +41,7 @@ from typing import Callable
 import requests
 import urllib3
 
+from search_env.console import HelpFormatter
 from search_env.server.build import build_source
 from search_env.sources.base import Source
 from search_env.sources.remote import RemoteSource
@@ -228,22 +229,22 @@ def bench_server(urls: dict[str, str], questions: list[str], args: argparse.Name
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval_throughput", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", type=Path, default=DATA / "corpus.jsonl")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval_throughput", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--corpus", type=Path, default=DATA / "corpus.jsonl", help="jsonl corpus the servers search")
     parser.add_argument("--questions", type=Path, default=DATA / "hotpotqa_dev.jsonl", help="jsonl with a 'question' field")
     parser.add_argument("--retrievers", default="bm25,dense", help="comma-separated: bm25, dense, hybrid")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
     parser.add_argument("--queries", type=int, default=200, help="query budget of a 1-query-per-call run (scaled for the others)")
     parser.add_argument("--max-seconds", type=float, default=20.0, help="wall-time bound of one run")
-    parser.add_argument("--index-dir", type=Path, default=Path.home() / ".cache" / "searchqa_gym" / "throughput")
+    parser.add_argument("--index-dir", type=Path, default=Path.home() / ".cache" / "searchqa_gym" / "throughput", help="where indexes are kept between runs")
     parser.add_argument("--startup-seconds", type=float, default=1800.0, help="bound on server start (a first dense start encodes the corpus)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the dense encoder, in the server and in-process (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the dense encoder, in the server and in-process")
     parser.add_argument("--client", choices=("requests", "urllib3"), default="requests",
-                        help="HTTP client of the 1/request, 16/request and 8-client figures (default requests, as Search-R1's clients)")
+                        help="HTTP client of the 1/request, 16/request and 8-client figures (requests: as Search-R1's clients)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the dense encoder (server and in-process)")
     parser.add_argument("--backend", choices=("auto", "torch", "openvino"), default="auto",
-                        help="dense encoder runtime, server and in-process (default auto: OpenVINO when installed)")
-    parser.add_argument("--skip-in-process", action="store_true")
+                        help="dense encoder runtime, server and in-process (auto: OpenVINO when installed)")
+    parser.add_argument("--skip-in-process", action="store_true", help="only the figures through the server")
     parser.add_argument("--peer", action="store_true",
                         help="also run the Search-R1 stand-in (benchmarks.peers.search_r1_server) beside the dense server, runs alternated")
     args = parser.parse_args(argv)

@@ -5,8 +5,8 @@ lists the presets and ``rewards.register(name, fn)`` adds one. This package depe
 the project, so a trainer or an evaluation script can use it alone.
 """
 from .metrics import cover_exact_match, exact_match, f1_score, normalize_r1, normalize_squad
-from .presets import BUILTIN_PRESETS, EVIDENCE_PROMPT
-from .registry import UnknownPresetError, available, register, score
+from .presets import BUILTIN_PRESETS, BUILTIN_RANGES, EVIDENCE_PROMPT
+from .registry import UnknownPresetError, available, register, score, value_range
 from .result import RewardResult
 from .schedule import ComponentMix, LinearSchedule, Preset, RewardMix, StagedReward, StepReward
 from .models import (
@@ -23,7 +23,7 @@ from .models import (
 )
 
 for _name, _fn in BUILTIN_PRESETS.items():
-    register(_name, _fn)
+    register(_name, _fn, value_range=BUILTIN_RANGES[_name])
 del _name, _fn
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "score",
     "register",
     "available",
+    "value_range",
     "UnknownPresetError",
     "EVIDENCE_PROMPT",
     "exact_match",

@@ -41,6 +41,7 @@ __all__ = [
     "EvidenceModel",
     "Judge",
     "BUILTIN_PRESETS",
+    "BUILTIN_RANGES",
     "search_r1",
     "search_r1_format",
     "r1_searcher",
@@ -419,3 +420,15 @@ BUILTIN_PRESETS: dict[str, Callable[..., RewardResult]] = {
     "reasoning-search": reasoning_search,
 }
 """The seed systems' rewards, registered by ``rewards/__init__.py`` under these names."""
+
+BUILTIN_RANGES: dict[str, tuple[float, float]] = {
+    "search-r1": (0.0, 1.0),  # EM
+    "search-r1-format": (0.1, 1.0),  # wrong & invalid 0.1 ... correct & valid 1.0
+    "r1-searcher": (-2.0, 1.0),  # F1 + (-2 on any format violation)
+    "r1-searcher-stage1": (-1.0, 2.0),  # ±1 answer + 0.5 retrieval + 0.5 format
+    "r1-searcher-stage2": (-1.0, 1.0),  # F1 + (-1 on a violation)
+    "research": (0.0, 1.0),  # 0 on a bad format, else F1 or 0.1
+    "r-search": (0.0, 2.4),  # 0.2 + 0.2 well-formed + answer F1 + evidence F1
+    "reasoning-search": (0.0, 1.0),  # 0.25 DAG + 0.25 format + 0.5 judge
+}
+"""(lowest, highest) total of each built-in preset at its default options."""

@@ -1,15 +1,17 @@
 """The preset registry and ``score``, the one entry point the environment and trainers call."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 from .metrics import as_gold_list
 from .result import RewardResult
 
-__all__ = ["UnknownPresetError", "register", "available", "get", "score"]
+__all__ = ["UnknownPresetError", "register", "available", "get", "value_range", "score"]
 
 PresetFn = Callable[..., "RewardResult | float"]
 _PRESETS: dict[str, PresetFn] = {}
+_RANGES: dict[str, tuple[float, float]] = {}
 
 
 class UnknownPresetError(KeyError, ValueError):
@@ -19,12 +21,14 @@ class UnknownPresetError(KeyError, ValueError):
         return str(self.args[0])
 
 
-def register(name: str, fn: PresetFn, *, replace: bool = False) -> None:
+def register(name: str, fn: PresetFn, *, replace: bool = False, value_range: tuple[float, float] | None = None) -> None:
     """Add a reward preset under ``name``.
 
     ``fn(response, golden_answers, *, question, ended_with_eos, evidence_model, judge, **options)``
     returns a :class:`RewardResult` or a plain number (wrapped with no components). Registering a
     taken name raises ``ValueError`` unless ``replace=True``, so two plugins cannot silently clash.
+    ``value_range`` is the (lowest, highest) total at the preset's default options, so that tables
+    can say what a score is out of (R-Search's reward reaches 2.4, most others 1).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset name must be a non-empty str, got {name!r}")
@@ -32,7 +36,15 @@ def register(name: str, fn: PresetFn, *, replace: bool = False) -> None:
         raise TypeError(f"preset {name!r} must be callable, got {type(fn).__name__}")
     if name in _PRESETS and not replace:
         raise ValueError(f"reward preset {name!r} already exists; pass replace=True to override it")
+    if value_range is not None:
+        low, high = (float(v) for v in value_range)
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError(f"preset {name!r}: value_range must be finite (low, high) with low <= high, got {value_range!r}")
     _PRESETS[name] = fn
+    if value_range is None:
+        _RANGES.pop(name, None)
+    else:
+        _RANGES[name] = (low, high)
 
 
 def available() -> list[str]:
@@ -46,6 +58,13 @@ def get(name: str) -> PresetFn:
         return _PRESETS[name]
     except KeyError:
         raise UnknownPresetError(f"unknown reward preset {name!r}; available: {', '.join(available())}") from None
+
+
+def value_range(name: str) -> tuple[float, float] | None:
+    """The (lowest, highest) total of preset ``name`` at its default options, or None when it was
+    registered without one; ``UnknownPresetError`` for an unknown name."""
+    get(name)
+    return _RANGES.get(name)
 
 
 def score(

@@ -70,6 +70,15 @@ class Protocol:
             ("General (web search), News (news articles) or Academy (...)"). The environment keeps
             them when its sources serve every name and otherwise offers its own source names
             instead, so the prompt never names a tool the environment cannot run.
+        thought_template: how the agent writes a thought (``{text}`` is filled in); ``"{text} "`` where
+            thoughts have no tags of their own (R1-Searcher thinks inside the ``<think>`` its prompt
+            opened; R-Search has no think tag).
+        answer_template: what the agent writes between the answer tags (``{answer}`` is filled in);
+            ReSearch's puts it in ``\\boxed{}``.
+        answer_prefix: what the agent writes right before its answer (R1-Searcher's ``</think>``, which
+            closes the think block the prompt opened).
+        evidence_open / evidence_close: the tags of the evidence block the agent writes before its answer
+            (R-Search's ``<original_evidence>``); None: the dialect has none.
     """
 
     name: str
@@ -100,6 +109,11 @@ class Protocol:
     reward_options: dict[str, Any] = field(default_factory=dict)
     untrained_agent_spans: tuple[tuple[str, str], ...] = ()
     plan_tools: tuple[tuple[str, str], ...] = ()
+    thought_template: str = "<think> {text} </think>"
+    answer_template: str = "{answer}"
+    answer_prefix: str = ""
+    evidence_open: str | None = None
+    evidence_close: str | None = None
 
     def __post_init__(self) -> None:
         for attr in ("call_open", "call_close", "answer_open", "answer_close"):
@@ -109,6 +123,10 @@ class Protocol:
             raise ValueError(f"protocol {self.name!r}: call_kind must be 'query' or 'dag', not {self.call_kind!r}")
         if self.top_k < 1:
             raise ValueError(f"protocol {self.name!r}: top_k must be >= 1")
+        for attr, slot in (("thought_template", "text"), ("answer_template", "answer")):
+            _check_template(self.name, attr, getattr(self, attr), slot)
+        if (self.evidence_open is None) != (self.evidence_close is None):
+            raise ValueError(f"protocol {self.name!r}: give both evidence_open and evidence_close, or neither")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -154,6 +172,18 @@ class Protocol:
     def error_text(self, message: str) -> str:
         """An error observation (empty query, budget exhausted, source failure, invalid plan...)."""
         return self.error_template.format(message=message)
+
+
+def _check_template(protocol: str, attr: str, template: str, slot: str) -> None:
+    """A writing template must fill in its one slot (literal braces doubled, as in ``str.format``)."""
+    marker = "\x00"
+    try:
+        filled = template.format(**{slot: marker})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"protocol {protocol!r}: {attr} {template!r} is not a format string with only {{{slot}}} "
+                         f"(double literal braces): {exc}") from None
+    if marker not in filled:
+        raise ValueError(f"protocol {protocol!r}: {attr} {template!r} has no {{{slot}}}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,6 +259,8 @@ R1_SEARCHER = Protocol(
     top_k=3,
     max_turns=8,
     reward="r1-searcher",
+    thought_template="{text} ",
+    answer_prefix="</think>",
 )
 
 _RESEARCH_INSTRUCTION = (
@@ -261,6 +293,7 @@ RESEARCH = Protocol(
     top_k=5,
     max_turns=None,
     reward="research",
+    answer_template="The final answer is \\[ \\boxed{{{answer}}} \\]",
 )
 
 _R_SEARCH_SYSTEM = (
@@ -289,6 +322,9 @@ R_SEARCH = Protocol(
     top_k=3,
     max_turns=4,
     reward="r-search",
+    thought_template="{text} ",
+    evidence_open="<original_evidence>",
+    evidence_close="</original_evidence>",
 )
 
 _REASONING_SEARCH_SYSTEM = (

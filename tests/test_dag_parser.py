@@ -1,8 +1,6 @@
 """The NL-DAG reader: the reference syntax, the variants models emit, what it reports, fuzzing."""
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -157,15 +155,13 @@ ADVERSARIAL = {
 }
 
 
+@pytest.mark.timeout(60)  # catastrophic backtracking would take minutes: fail instead of hanging
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_adversarial_100kb_blocks_parse_in_linear_time(name: str) -> None:
+def test_adversarial_100kb_blocks_parse(name: str) -> None:
     text = ADVERSARIAL[name]
     assert len(text) >= 90_000
-    began = time.perf_counter()
-    parse_plan(text)
-    # A guard against catastrophic backtracking only (quadratic here would take minutes); the real
-    # timings are measured by benchmarks/dag_critical_path.py.
-    assert time.perf_counter() - began < 5.0
+    assert isinstance(parse_plan(text), Plan)
+    # how the time grows with the size (linear or not) is measured by benchmarks/dag_critical_path.py
 
 
 PLAN_ALPHABET = "AaBbCcZz019 :;,.-=>()[]{}（）【】：；，、→⟶#*\n\t"

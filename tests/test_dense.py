@@ -333,6 +333,17 @@ def test_build_save_load_round_trip(encoder: TransformersEncoder, tmp_path: Path
     assert [p.id for p in hnsw.search(queries, 1)[0]] == [p.id for p in built.search(queries, 1)[0]]
 
 
+def test_progress_bars_only_on_a_terminal_unless_forced(encoder: TransformersEncoder, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tqdm")
+    monkeypatch.delenv("SEARCHQA_PROGRESS", raising=False)
+    DenseSource(CORPUS, encoder)  # the default: stderr is captured here, not a terminal
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("SEARCHQA_PROGRESS", "1")
+    DenseSource(CORPUS, encoder)
+    err = capsys.readouterr().err
+    assert "encoding" in err and "indexing (flat)" in err
+
+
 def test_stale_index_is_refused_unless_rebuilt(encoder: TransformersEncoder, tiny_model_dir: Path, tmp_path: Path) -> None:
     index_dir = tmp_path / "index"
     DenseSource(CORPUS, encoder, index_dir=index_dir, show_progress=False)

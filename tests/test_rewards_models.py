@@ -181,14 +181,14 @@ class FakeOpenAI:
                 try:
                     status, payload, delay = server.behaviour(index, body)
                     time.sleep(delay)
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                finally:
+                finally:  # before replying: once the client has the reply it may send its next request
                     with server.lock:
                         server.in_flight -= 1
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             def log_message(self, *args) -> None:
                 pass
@@ -282,12 +282,16 @@ def test_http_client_error_is_not_retried(server: FakeOpenAI) -> None:
 
 
 def test_http_timeout_is_retried_then_reported(server: FakeOpenAI) -> None:
-    server.behaviour = lambda index, body: (200, server.completion("late"), 1.0)
-    with OpenAIChatModel(server.url, "m", timeout=0.2, max_retries=1, backoff=0.01) as chat:
-        started = time.monotonic()
-        with pytest.raises(ModelCallError, match="failed 2 times; last error: no reply within the 0.2s timeout"):
-            chat.generate(["hello"])
-        assert time.monotonic() - started < 1.0  # it did not wait for the slow replies
+    # Replies are held until the client has given up (30 s at most): a client that waited for them
+    # would get "late" and no error, so the error proves it gave up on both attempts first.
+    release = threading.Event()
+    server.behaviour = lambda index, body: (release.wait(30), (200, server.completion("late"), 0.0))[1]
+    try:
+        with OpenAIChatModel(server.url, "m", timeout=0.2, max_retries=1, backoff=0.01) as chat:
+            with pytest.raises(ModelCallError, match="failed 2 times; last error: no reply within the 0.2s timeout"):
+                chat.generate(["hello"])
+    finally:
+        release.set()
     assert len(server.requests) == 2
 
 

@@ -180,14 +180,13 @@ def test_fast_calls_pass_through() -> None:
 
 
 def test_timeout_raises_source_error_and_discards_the_late_result() -> None:
-    inner = SleepingSource(delay=0.5)
+    inner = SleepingSource(delay=30.0)  # held until released
     limited = TimeLimitedSource(inner, timeout_s=0.05, max_workers=2)
-    start = time.monotonic()
     with pytest.raises(SourceError, match="timed out after 0.05 s"):
         limited.search(["a"], 1)
-    assert time.monotonic() - start < 0.4  # did not wait for the sleeping call
+    assert inner.finished == 0  # the call was still held: it did not wait for it
     assert limited.timeouts == 1
-    inner.delay = 0.0  # the next call is fast: it gets its own answer, never the late one
+    inner.release.set()  # the late answer arrives now; the next call gets its own answer, never the late one
     assert limited.search(["b"], 1) == [[Passage(id="b/late", title="b", text="late")]]
     limited.close()
 

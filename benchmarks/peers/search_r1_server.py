@@ -35,9 +35,9 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
-from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+from search_env.console import HelpFormatter, progress
 from search_env.sources.encoders import default_model_path
 
 MAX_LENGTH = 256  # the reference's retrieval_query_max_length
@@ -70,7 +70,9 @@ class PeerRetriever:
 
     def batch_search(self, queries: list[str], k: int) -> tuple[list[list[dict]], list[list[float]]]:
         results, scores = [], []
-        for start in tqdm(range(0, len(queries), BATCH_SIZE), desc="Retrieval process: "):
+        # show=True: the reference draws this bar on every request whatever stderr is, and its cost
+        # is part of what the stand-in reproduces (the benchmark sends its stderr to /dev/null)
+        for start in progress(range(0, len(queries), BATCH_SIZE), desc="Retrieval process: ", show=True):
             batch_scores, batch_rows = self.index.search(self.encode(queries[start : start + BATCH_SIZE]), k=k)
             for row_scores, rows in zip(batch_scores.tolist(), batch_rows.tolist()):
                 results.append([self.documents[row] for row in rows])
@@ -102,13 +104,13 @@ def create_app(retriever: PeerRetriever, default_topk: int = 3) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.search_r1_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.search_r1_server", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--index-dir", type=Path, required=True, help="folder of a DenseSource index (index.faiss)")
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--model", type=Path, default=None, help="encoder folder (default: the offline MiniLM)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--corpus", type=Path, required=True, help="the jsonl corpus the index was built from")
+    parser.add_argument("--model", type=Path, default=None, help="encoder folder (unset: the offline MiniLM)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    parser.add_argument("--port", type=int, default=8001, help="TCP port")
+    parser.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
     args = parser.parse_args(argv)
     retriever = PeerRetriever(args.model or default_model_path(), args.index_dir / "index.faiss", args.corpus)
     uvicorn.run(create_app(retriever, args.topk), host=args.host, port=args.port, log_level="warning")

@@ -20,6 +20,7 @@ import sys
 # 2 encoder threads: 1.2 queries/s at one query per request with spinning, 50 with passive waiting.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from search_env.console import HelpFormatter
 from search_env.server.app import ServerLimits
 from search_env.server.build import RETRIEVERS, build_source, synthetic_passages
 from search_env.server.runner import LOOPBACK, serve
@@ -30,39 +31,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m search_env.server",
         description="Serve a Source over the retrieval API of Search-R1 / FlashRAG (POST /retrieve, GET /health).",
+        formatter_class=HelpFormatter,
     )
     data = parser.add_argument_group("passages (one of)")
     data.add_argument("--corpus", help="JSON-lines corpus: {id, title, text} or wiki-18 {id, contents} rows")
     data.add_argument("--synthetic", action="store_true", help="serve the built-in synthetic world")
     data.add_argument("--synthetic-source", help="serve only this source of the synthetic world (wiki, news, papers)")
-    data.add_argument("--seed", type=int, default=0, help="synthetic world seed (default 0)")
-    data.add_argument("--difficulty", type=int, default=1, help="synthetic world difficulty (default 1)")
+    data.add_argument("--seed", type=int, default=0, help="synthetic world seed")
+    data.add_argument("--difficulty", type=int, default=1, help="synthetic world difficulty")
 
     retrieval = parser.add_argument_group("retrieval")
-    retrieval.add_argument("--retriever", choices=RETRIEVERS, default="bm25", help="default bm25")
+    retrieval.add_argument("--retriever", choices=RETRIEVERS, default="bm25", help="how passages are found")
     retrieval.add_argument("--index-dir", help="save indexes here and reuse them on the next start")
-    retrieval.add_argument("--encoder", help="dense encoder model folder or name (default: the offline MiniLM)")
+    retrieval.add_argument("--encoder", help="dense encoder model folder or name (unset: the offline MiniLM)")
     retrieval.add_argument("--rebuild", action="store_true", help="re-index even if --index-dir holds an index")
-    retrieval.add_argument("--threads", type=int, default=1, help="torch threads for query encoding (default 1; more pays off only for large batches on idle cores)")
+    retrieval.add_argument("--threads", type=int, default=1, help="torch threads for query encoding (more pays off only for large batches on idle cores)")
     retrieval.add_argument("--backend", choices=("auto", "torch", "openvino"), default="auto",
-                           help="dense encoder runtime (default auto: OpenVINO on a CPU when installed, else torch)")
+                           help="dense encoder runtime (auto: OpenVINO on a CPU when installed, else torch)")
     retrieval.add_argument("--compile", action="store_true", help="torch.compile the dense encoder at start (torch backend; 10-50 s on 2 CPU cores)")
-    retrieval.add_argument("--name", default=None, help="source name reported by /health (default: wiki, or the synthetic source)")
-    retrieval.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk (default 3)")
+    retrieval.add_argument("--name", default=None, help="source name reported by /health (unset: wiki, or the synthetic source)")
+    retrieval.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
 
     server = parser.add_argument_group("server")
-    server.add_argument("--host", default=LOOPBACK, help=f"interface to bind (default {LOOPBACK}; the API has no authentication)")
-    server.add_argument("--port", type=int, default=8000, help="default 8000")
-    server.add_argument("--max-batch", type=int, default=128, help="queries gathered into one search call (default 128)")
-    server.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait for requests already being read (default 2 ms)")
+    server.add_argument("--host", default=LOOPBACK, help="interface to bind (the API has no authentication)")
+    server.add_argument("--port", type=int, default=8000, help="TCP port")
+    server.add_argument("--max-batch", type=int, default=128, help="queries gathered into one search call")
+    server.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait for requests already being read, in ms")
     server.add_argument("--concurrency", type=int, default=None,
-                        help="search calls that may run at once, one per worker thread (default: one per available core)")
+                        help="search calls that may run at once, one per worker thread (unset: one per available core)")
     defaults = ServerLimits()
-    server.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    server.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="largest request body accepted")
     server.add_argument("--max-queries", type=int, default=defaults.max_queries, help="queries per request")
-    server.add_argument("--max-query-chars", type=int, default=defaults.max_query_chars)
-    server.add_argument("--max-topk", type=int, default=defaults.max_topk)
-    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    server.add_argument("--max-query-chars", type=int, default=defaults.max_query_chars, help="longest query accepted")
+    server.add_argument("--max-topk", type=int, default=defaults.max_topk, help="largest topk a request may ask")
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level")
 
     args = parser.parse_args(argv)
     if bool(args.corpus) == bool(args.synthetic):

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from search_env.console import progress, progress_enabled
 from search_env.data.corpus import load_corpus, passage_from_row
 
 from .base import Passage, Source
@@ -132,7 +133,6 @@ def faiss_gpu_available() -> bool:
 def build_index(embeddings: np.ndarray, config: IndexConfig, *, show_progress: bool = False) -> Any:
     """A CPU faiss index over unit-norm ``embeddings`` (float32, shape (n, dim)), inner-product metric."""
     import faiss
-    from tqdm.auto import tqdm
 
     n, dim = embeddings.shape
     if n == 0:
@@ -148,7 +148,7 @@ def build_index(embeddings: np.ndarray, config: IndexConfig, *, show_progress: b
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(np.ascontiguousarray(embeddings, dtype=np.float32))
         index.nprobe = min(config.ivf_nprobe, nlist)
-    with tqdm(total=n, desc=f"indexing ({config.kind})", unit="vec", disable=not show_progress) as bar:
+    with progress(total=n, desc=f"indexing ({config.kind})", unit="vec", show=show_progress) as bar:
         for start in range(0, n, _ADD_CHUNK):
             chunk = np.ascontiguousarray(embeddings[start : start + _ADD_CHUNK], dtype=np.float32)
             index.add(chunk)
@@ -184,7 +184,8 @@ class DenseSource(Source):
             encoder. None keeps everything in memory.
         rebuild: re-encode and overwrite whatever ``index_dir`` holds.
         use_gpu: search on GPU with faiss-gpu; None means when available.
-        show_progress: tqdm bars while encoding and indexing.
+        show_progress: progress bars while encoding and indexing; None: only when stderr is a
+            terminal or ``$SEARCHQA_PROGRESS`` asks for them (see :mod:`search_env.console`).
         name: the source's name in multi-source environments.
     """
 
@@ -197,7 +198,7 @@ class DenseSource(Source):
         index_dir: str | os.PathLike[str] | None = None,
         rebuild: bool = False,
         use_gpu: bool | None = None,
-        show_progress: bool = True,
+        show_progress: bool | None = None,
         name: str = "dense",
     ) -> None:
         if encoder is None:
@@ -211,7 +212,7 @@ class DenseSource(Source):
         if not self.passages:
             raise ValueError("DenseSource needs a non-empty corpus")
         self.index_dir = Path(index_dir).expanduser() if index_dir is not None else None
-        cpu_index, self.stats = self._load_or_build(rebuild=rebuild, show_progress=show_progress)
+        cpu_index, self.stats = self._load_or_build(rebuild=rebuild, show_progress=progress_enabled(show_progress))
         self._index = _to_search_device(cpu_index, self.config, use_gpu)
 
     def _manifest(self, corpus_hash: str, stats: BuildStats) -> dict[str, Any]:

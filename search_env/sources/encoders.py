@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
 
+from search_env.console import progress
+
 from .openvino_runtime import OpenVINOModel, openvino_available
 
 logger = logging.getLogger(__name__)
@@ -335,13 +337,7 @@ class TransformersEncoder(TextEncoder):
             return len(batch)
 
         run = map if self.workers == 1 or len(batches) == 1 else self._executor().map
-        if not show_progress:
-            for _ in run(encode_batch, batches):
-                pass
-            return out
-        from tqdm.auto import tqdm
-
-        with tqdm(total=len(texts), desc="encoding", unit="text") as bar:
+        with progress(total=len(texts), desc="encoding", unit="text", show=show_progress) as bar:
             for done in run(encode_batch, batches):
                 bar.update(done)
         return out

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from search_env.console import HelpFormatter
 from search_env.synthetic.world import SyntheticWorld, generate_world
 
 EOS_TOKEN = "<|endoftext|>"
@@ -159,13 +160,13 @@ def _seed_and_difficulty(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Train the built-in tokenizer and write it (by default over the committed asset)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--worlds", nargs="+", type=_seed_and_difficulty, default=list(BUILTIN_WORLDS),
                         metavar="SEED:DIFFICULTY", help="worlds to train on")
     parser.add_argument("--n-questions", type=int, default=BUILTIN_QUESTIONS_PER_WORLD,
                         help="questions per world")
-    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
-    parser.add_argument("--output", type=Path, default=BUILTIN_TOKENIZER_PATH)
+    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="ids in the vocabulary")
+    parser.add_argument("--output", type=Path, default=BUILTIN_TOKENIZER_PATH, help="tokenizer.json to write")
     args = parser.parse_args(argv)
     worlds = [generate_world(seed=seed, n_questions=args.n_questions, difficulty=difficulty)
               for seed, difficulty in args.worlds]

@@ -1,0 +1,229 @@
+"""Each benchmark's command line runs with tiny arguments and prints its table, and every command's
+``--help`` shows defaults. The figures themselves are the benchmarks' business; here the tables'
+deterministic cells (recall on a hand-made corpus, rewards of scripted agents) are checked."""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from agents import DialectWriter
+from search_env.data.example import QAExample
+
+CORPUS = [
+    {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
+    {"id": "p2", "title": "Bob Smith", "text": "Bob Smith married Alice Jones in 1990."},
+    {"id": "p3", "title": "Quill", "text": "Quill is a river that crosses Norland."},
+    {"id": "p4", "title": "Vessa", "text": "Vessa is the capital city of Norland."},
+    {"id": "p5", "title": "Tarn", "text": "Tarn is a village with a stone bridge."},
+]
+
+
+def _row(qid: str, question: str, answer: str, gold: list[str], steps: list[dict] | None = None) -> dict:
+    contexts = [{"title": "", "text": "", "is_supporting": True, "corpus_id": pid} for pid in gold]
+    return {"id": qid, "question": question, "golden_answers": [answer], "contexts": contexts,
+            "metadata": {"question_decomposition": steps} if steps else {}}
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """A corpus and the three multi-hop sets retrieval_recall reads, small enough to work by hand."""
+    def write(name: str, rows: list[dict]) -> None:
+        (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    write("corpus.jsonl", CORPUS)
+    write("hotpotqa_dev.jsonl", [_row("h1", "Which company did Bob Smith found?", "Zarbo", ["p1"])])
+    write("2wikimultihopqa_dev.jsonl", [_row("w1", "Vessa is the capital of which land?", "Norland", ["p4"])])
+    # one search finds only the first hop (no passage says "spouse" or "founder"); the decomposition
+    # finds both, the second step with the first step's answer substituted
+    write("musique_dev.jsonl", [_row("m1", "Who is the spouse of the Zarbo founder?", "Alice Jones", ["p1", "p2"],
+                                     [{"question": "Zarbo >> founded by", "answer": "Bob Smith"},
+                                      {"question": "#1 >> married", "answer": "Alice Jones"}])])
+    return tmp_path
+
+
+def _rows(output: str, first_cell: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines() if line.startswith(first_cell)]
+
+
+# --- evaluate --------------------------------------------------------------------------------------
+
+
+def test_evaluate_prints_rewards_with_their_ranges(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.evaluate import main
+
+    table = main(["--episodes", "3", "--protocols", "search-r1", "r-search", "--agents", "oracle"])
+    out = capsys.readouterr().out
+    rows = {row[0]: row for row in _rows(out, "search-r1") + _rows(out, "r-search")}
+    # the oracle: EM 1 under search-r1 (range [0, 1]); under r-search answer F1 1 + 0.2 + 0.2 for
+    # the two well-formed blocks, evidence F1 0 without an evidence model (range [0, 2.4])
+    assert rows["search-r1"][1:5] == ["oracle", "1.000", "[0,", "1]"]
+    assert rows["r-search"][1:5] == ["oracle", "1.400", "[0,", "2.4]"]
+    assert "(3 episodes each, synthetic world seed 0, episode seed 0)" in out
+    assert "note: r-search: evidence F1 counted 0: no evidence model was given" in out
+    assert [r["reward_range"] for r in table] == [(0.0, 1.0), (0.0, 2.4)]
+
+
+def test_evaluate_marks_a_reward_without_a_declared_range(capsys: pytest.CaptureFixture[str]) -> None:
+    import rewards
+    from benchmarks.evaluate import evaluate, print_table
+
+    rewards.register("test-unranged", lambda response, golds, **_: 7.0, replace=True)
+    row = evaluate("search-r1", "no-search", 2, reward="test-unranged")
+    assert row["reward"] == 7.0 and row["reward_range"] is None
+    print_table([row], "data")
+    (printed,) = _rows(capsys.readouterr().out, "search-r1")
+    assert printed[2:4] == ["7.000", "?"]
+
+
+class AnswersZarboAgent:
+    """A user's agent, loaded as ``module:Class``: answers "Zarbo" without searching."""
+
+    def start(self, example: QAExample) -> None:
+        pass
+
+    def next_text(self, writer: DialectWriter, observation_text: str) -> str | None:
+        return writer.think("I know it.") + writer.answer("Zarbo")
+
+
+def test_evaluate_runs_a_dataset_with_a_corpus_and_a_users_agent(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.evaluate import main
+
+    dataset = data_dir / "hotpotqa_dev.jsonl"
+    main(["--episodes", "5", "--protocols", "search-r1", "--dataset", str(dataset), "--corpus", str(data_dir / "corpus.jsonl"),
+          "--agents", "retrieve-then-answer", f"{__name__}:AnswersZarboAgent"])
+    out = capsys.readouterr().out
+    rows = _rows(out, "search-r1")
+    # retrieve-then-answer searches the question and answers the top title, Zarbo: the gold
+    assert rows[0][:3] == ["search-r1", "retrieve-then-answer", "1.000"] and rows[0][7] == "1.00" and rows[0][8] == "1.000"
+    assert rows[1][:3] == ["search-r1", f"{__name__}:AnswersZarboAgent", "1.000"] and rows[1][7] == "0.00"
+    assert f"(1 episodes each, {dataset} searched with BM25 over {data_dir / 'corpus.jsonl'}, episode seed 0)" in out
+    assert "synthetic" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dataset", "x.jsonl"], "give --dataset and --corpus together"),
+        (["--agents", "nobody"], "unknown agent 'nobody'"),
+        (["--agents", "no_such_module:Agent"], "cannot load agent 'no_such_module:Agent'"),
+        (["--agents", "agents:DialectWriter"], "lacks start and next_text"),
+    ],
+)
+def test_evaluate_refuses_bad_arguments_in_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.evaluate import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# --- the performance benchmarks --------------------------------------------------------------------
+
+
+def test_env_overhead_prints_every_measure(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.env_overhead import main
+
+    main(["--tokens", "40", "--chunk", "8", "--envs", "2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    for label in ("token step, raw env", "step closing </answer> (reward)", "step closing </search> (BM25 search)",
+                  "chunk mode (8 ids/chunk)", "batched, 2 envs x 1 token"):
+        (line,) = [line for line in out.splitlines() if line.startswith(label)]
+        assert float(line[len(label):].split()[0].replace(",", "")) > 0
+
+
+def test_dag_critical_path_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.dag_critical_path import adversarial_blocks, main
+
+    main(["--dags", "2", "--min-nodes", "5", "--max-nodes", "6", "--latency", "0.001", "--repeats", "1",
+          "--parse-size", "2000", "--parse-repeats", "1"])
+    out = capsys.readouterr().out
+    names = [line[:20].strip() for line in out.splitlines()]
+    assert all(names.count(name) == 1 for name in adversarial_blocks(2000))
+    (everything,) = _rows(out, "all ")
+    assert everything[1] == "2"  # both DAGs executed and counted
+
+
+def test_retrieval_recall_with_bm25_only_builds_no_encoder(data_dir: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import search_env.sources.encoders as encoders
+    from benchmarks.retrieval_recall import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("BM25 alone must not load an encoder")
+
+    monkeypatch.setattr(encoders, "TransformersEncoder", refuse)
+    main(["--data-dir", str(data_dir), "--retrievers", "bm25", "--ks", "1,5", "--runs", "1"])
+    out = capsys.readouterr().out
+    assert "dense" not in out and "retrievers: bm25" in out
+    # dataset, mode, system, n, R@1, R@5, all@5 -- worked by hand from the corpus above
+    assert _rows(out, "hotpotqa_dev") == [["hotpotqa_dev", "single", "bm25", "1", "1.000", "1.000", "1.000"]]
+    assert _rows(out, "2wikimultihopqa_dev") == [["2wikimultihopqa_dev", "single", "bm25", "1", "1.000", "1.000", "1.000"]]
+    assert _rows(out, "musique_dev") == [
+        ["musique_dev", "single", "bm25", "1", "0.500", "0.500", "0.000"],
+        ["musique_dev", "decomposed", "bm25", "1", "1.000", "1.000", "1.000"],
+    ]
+
+
+def test_the_peers_build_time_is_quoted_as_recorded_and_compared_only_on_its_corpus(tmp_path: Path) -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks.retrieval_recall import dense_build_line
+
+    args = argparse.Namespace(index="flat", peer_build_seconds=800.0)
+    stats = SimpleNamespace(reused_embeddings=False, encode_seconds=100.0, index_seconds=60.0)
+    line = dense_build_line(SimpleNamespace(stats=stats, passages=[None] * 13_778), tmp_path, 170.0, args)
+    assert "160.0 s = 100.0 s encoding (138 passages/s) + 60.00 s indexing" in line
+    assert "5.0x less than Search-R1's server, which took 800 s on this corpus and machine (a recorded figure, quoted, not measured in this run" in line
+    line = dense_build_line(SimpleNamespace(stats=stats, passages=[None] * 10), tmp_path, 170.0, args)
+    assert "no ratio here" in line and "x less" not in line
+
+
+@pytest.mark.slow  # loads the real MiniLM encoder: about 20 s
+def test_retrieval_recall_dense_and_hybrid(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("faiss")
+    from benchmarks.retrieval_recall import main
+
+    main(["--data-dir", str(data_dir), "--retrievers", "bm25,dense,hybrid", "--cache-dir", str(tmp_path / "cache"),
+          "--backend", "torch", "--ks", "1,5", "--runs", "1"])
+    out = capsys.readouterr().out
+    assert "dense index build (flat), one run:" in out
+    assert "the quoted peer build time is for the 13778-passage shared corpus, so no ratio here" in out
+    assert [row[2] for row in _rows(out, "musique_dev")] == ["bm25", "dense", "hybrid"] * 2
+    for row in _rows(out, "hotpotqa_dev"):  # five passages: every system has the gold in its top 5
+        assert row[5] == "1.000"
+
+
+@pytest.mark.slow  # starts the server in a subprocess
+def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for module in ("starlette", "uvicorn", "requests"):
+        pytest.importorskip(module)
+    from benchmarks.retrieval_throughput import main
+
+    main(["--corpus", str(data_dir / "corpus.jsonl"), "--questions", str(data_dir / "hotpotqa_dev.jsonl"),
+          "--retrievers", "bm25", "--runs", "1", "--queries", "8", "--max-seconds", "5", "--index-dir", str(tmp_path / "index")])
+    out = capsys.readouterr().out
+    for label in ("1/request", "16/request", "8 clients", "16 envs (RemoteSource)", "in-process 1/call", "in-process 16/call"):
+        (row,) = _rows(out, label)
+        assert float(row[len(label.split())]) > 0
+
+
+# --- --help everywhere -----------------------------------------------------------------------------
+
+COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.retrieval_recall",
+            "benchmarks.retrieval_throughput", "search_env.server.__main__"]
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_shows_defaults(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if module.endswith("throughput") or module.startswith("search_env.server"):
+        pytest.importorskip("requests" if module.endswith("throughput") else "starlette")
+    entry = importlib.import_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        (entry.parse_args if hasattr(entry, "parse_args") else entry.main)(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    assert exit_info.value.code == 0
+    assert out.count("(default: ") >= 3
