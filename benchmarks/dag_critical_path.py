@@ -1,11 +1,9 @@
-"""How close NL-DAG execution comes to the critical-path bound, and how fast plans are read.
+"""How close NL-DAG execution comes to the critical-path bound.
 
-Execution: random DAGs of 5–30 nodes over a few sources that sleep for a fixed latency L per call.
-No schedule can beat ``(nodes on the longest path) × L``; the target is a median wall time within
-1.1× of it. The baseline is the reference systems' way: every node's search one after another.
-
-Parsing: 100 KB adversarial plan blocks (runs of dashes, brackets, arrows, spaces...) that would
-make a backtracking regex quadratic; the reader must stay linear.
+Random DAGs of 5–30 nodes over a few sources that sleep for a fixed latency L per call. No schedule
+can beat ``(nodes on the longest path) × L``; the target is a median wall time within 1.1× of it. The
+baseline is the reference systems' way: every node's search one after another. (How fast hostile
+plans are read: ``benchmarks.dag_parse_adversarial``.)
 
 Run: ``python -m benchmarks.dag_critical_path`` (``--help`` for options). Every figure is a median
 over ``--repeats`` runs per DAG (the sequential baseline: ``--seq-repeats``).
@@ -24,10 +22,6 @@ from search_env.console import HelpFormatter
 from search_env.dag import execute_plan, parse_plan, validate_plan
 from search_env.sources.base import Passage, Source
 
-REFERENCE_PLAN = (
-    "Nodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\n"
-    "C: new US tariff list commodities 2024 (News)\nEdges:\nA -> B ; C -> B"
-)
 SOURCE_NAMES = ("general", "news", "academy", "papers", "forums")
 
 
@@ -73,43 +67,6 @@ def run_sequentially(plan, sources: dict[str, Source], k: int) -> float:  # type
     for node in plan.nodes.values():
         sources[node.source.lower()].search([node.query], k)
     return time.perf_counter() - began
-
-
-def adversarial_blocks(size: int) -> dict[str, str]:
-    return {
-        "dash run": "A: " + "-" * size,
-        "dash run in edges": "Edges:\nA " + "-" * size + " B",
-        "arrow chain": "Edges:\n" + "A -> " * (size // 5),
-        "open brackets": "A: " + "(" * size + ")",
-        "space run": "Edges:" + " " * size + "x",
-        "node lines": "A: q (News)\n" * (size // 12),
-        "edge statements": "a -> b, c -> d; " * (size // 16),
-        "label soup": "A1 " * (size // 3) + "-> B",
-        "braces": "A: " + "{A" * (size // 2) + " (News)",
-        "full-width": "Ａ：" * (size // 2),
-    }
-
-
-def _median_parse_s(text: str, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        parse_plan(text)
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
-def bench_parser(size: int, repeats: int) -> None:
-    print(f"\nParsing adversarial blocks ({size // 1000} KB each), median of {repeats} runs")
-    print("x2 size: time at twice the size / time at this size (about 2 when linear, 4 when quadratic)")
-    print(f"{'block':<20}{'chars':>9}{'median ms':>12}{'MB/s':>9}{'x2 size':>9}")
-    doubled = adversarial_blocks(2 * size)
-    reference = _median_parse_s(REFERENCE_PLAN, repeats * 20)
-    print(f"{'reference example':<20}{len(REFERENCE_PLAN):>9}{reference * 1000:>12.3f}{len(REFERENCE_PLAN) / reference / 1e6:>9.1f}{'':>9}")
-    for name, text in adversarial_blocks(size).items():
-        median = _median_parse_s(text, repeats)
-        growth = _median_parse_s(doubled[name], repeats) / median
-        print(f"{name:<20}{len(text):>9}{median * 1000:>12.2f}{len(text) / median / 1e6:>9.1f}{growth:>9.2f}")
 
 
 def bench_execution(args: argparse.Namespace) -> None:
@@ -172,13 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=3, help="passages per node")
     parser.add_argument("--repeats", type=int, default=3, help="DAG runs per plan (median taken)")
     parser.add_argument("--seq-repeats", type=int, default=1, help="one-after-another runs per plan (median taken)")
-    parser.add_argument("--parse-size", type=int, default=100_000, help="characters per adversarial block")
-    parser.add_argument("--parse-repeats", type=int, default=5, help="parses per adversarial block (median taken)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random DAGs")
-    parser.add_argument("--skip-parse", action="store_true", help="only the execution benchmark")
     args = parser.parse_args(argv)
-    if not args.skip_parse:
-        bench_parser(args.parse_size, args.parse_repeats)
     bench_execution(args)
 
 

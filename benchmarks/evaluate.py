@@ -88,11 +88,12 @@ def evaluate(protocol: str, agent: str | type, episodes: int, seed: int = 0, **e
         )
     if "sources" not in env_kwargs:
         env.close()
-    summary: dict[str, Any] = {"protocol": protocol, "agent": agent_name, "episodes": n, "preset": base.reward_preset}
+    preset = base.reward if isinstance(base.reward, str) else base.reward.name  # a name, or a StepReward
+    summary: dict[str, Any] = {"protocol": protocol, "agent": agent_name, "episodes": n, "preset": preset}
     for key in rows[0]:
         values = [r[key] for r in rows if r[key] == r[key]]  # drop NaN (no gold passages)
         summary[key] = statistics.fmean(values) if values else float("nan")
-    summary["reward_range"] = rewards.value_range(base.reward_preset)
+    summary["reward_range"] = rewards.value_range(preset) if isinstance(base.reward, str) else None
     summary["notes"] = sorted(notes)
     return summary
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .extraction import tag_contents
+from .extraction import remove_tag_spans, tag_contents
 
 __all__ = [
     "search_r1_format_error",
@@ -84,7 +84,6 @@ R1_SEARCHER_RETRIEVAL_MARKERS = (
     "<|end_of_documents|>",
     "<|begin_of_documents|>\n(1)",
 )
-_DOCUMENT_BLOCK = re.compile(re.escape("<|begin_of_documents|>") + ".*?" + re.escape("<|end_of_documents|>"), re.DOTALL)
 _CJK = re.compile("[\u4e00-\u9fff]")
 
 
@@ -106,7 +105,8 @@ def r1_searcher_answer_tags_ok(solution: str) -> bool:
 
 def r1_searcher_has_cjk(solution: str) -> bool:
     """CJK ideographs (U+4E00–U+9FFF) outside ``<|begin_of_documents|>…<|end_of_documents|>`` blocks."""
-    return _CJK.search(_DOCUMENT_BLOCK.sub("", solution)) is not None
+    outside = remove_tag_spans(solution, "<|begin_of_documents|>", "<|end_of_documents|>")
+    return _CJK.search(outside) is not None
 
 
 def r1_searcher_violations(solution: str, answer: str | None, *, max_answer_words: int = 10) -> list[str]:

@@ -18,6 +18,8 @@ import os
 from functools import lru_cache
 from typing import Any, Sequence
 
+from search_env._optional import requires_extra
+
 __all__ = ["TokenCodec", "as_codec", "byte_level_alphabet"]
 
 
@@ -178,7 +180,8 @@ def as_codec(tokenizer: Any = None) -> TokenCodec:
 
             tokenizer = Tokenizer.from_file(path)
         else:
-            from transformers import AutoTokenizer
+            with requires_extra("agents", "a transformers tokenizer"):
+                from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(path)
     key = id(tokenizer)

@@ -1,4 +1,6 @@
-"""Test-wide settings: offline hub, one torch thread (two threads on two busy cores is far slower)."""
+"""Test-wide settings: offline hub, one torch thread (two threads on two busy cores is far slower),
+the slow marker and a per-test time limit (setup.cfg), and skipping what an install lacks."""
+import importlib.util
 import os
 from pathlib import Path
 
@@ -13,14 +15,34 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+SLOW_TIMEOUT_S = 1200
+"""Time limit of a test marked slow (a real model loads and runs on two busy cores: minutes, not
+seconds); other tests get setup.cfg's ``timeout``."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: real model or multi-process test (runs in CI, deselect with -m 'not slow')")
     try:
         import torch
 
         torch.set_num_threads(1)
     except ImportError:
         pass
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+def skip_without(extra: str, *modules: str) -> None:
+    """Skip the calling test (or, at module level, the whole module) unless ``modules`` are installed,
+    saying which extra installs them. Presence is checked without importing, so an installed package
+    that fails to import fails the test instead of hiding behind a skip."""
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        pytest.skip(f"needs the '{extra}' extra ({', '.join(missing)} not installed): pip install -e '.[{extra}]'",
+                    allow_module_level=True)
 
 
 @pytest.fixture(scope="session")

@@ -134,16 +134,22 @@ def test_env_overhead_prints_every_measure(capsys: pytest.CaptureFixture[str]) -
         assert float(line[len(label):].split()[0].replace(",", "")) > 0
 
 
-def test_dag_critical_path_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
-    from benchmarks.dag_critical_path import adversarial_blocks, main
+def test_dag_critical_path_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.dag_critical_path import main
 
-    main(["--dags", "2", "--min-nodes", "5", "--max-nodes", "6", "--latency", "0.001", "--repeats", "1",
-          "--parse-size", "2000", "--parse-repeats", "1"])
+    main(["--dags", "2", "--min-nodes", "5", "--max-nodes", "6", "--latency", "0.001", "--repeats", "1"])
     out = capsys.readouterr().out
-    names = [line[:20].strip() for line in out.splitlines()]
-    assert all(names.count(name) == 1 for name in adversarial_blocks(2000))
     (everything,) = _rows(out, "all ")
     assert everything[1] == "2"  # both DAGs executed and counted
+
+
+def test_dag_parse_adversarial_prints_one_row_per_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.dag_parse_adversarial import adversarial_plans, main
+
+    main(["--size", "2000", "--repeats", "1"])
+    out = capsys.readouterr().out
+    names = [line[:28].strip() for line in out.splitlines()]
+    assert all(names.count(name) == 1 for name in adversarial_plans(2000))
 
 
 def test_retrieval_recall_with_bm25_only_builds_no_encoder(data_dir: Path, capsys: pytest.CaptureFixture[str],
@@ -213,7 +219,7 @@ def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: 
 
 # --- --help everywhere -----------------------------------------------------------------------------
 
-COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.retrieval_recall",
+COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial", "benchmarks.retrieval_recall",
             "benchmarks.retrieval_throughput", "search_env.server.__main__"]
 
 

@@ -152,10 +152,9 @@ def test_stemmer_is_used_and_required_on_load(tmp_path) -> None:
 
 
 def test_source_over_synthetic_world() -> None:
-    synthetic = pytest.importorskip("search_env.synthetic")
-    if not hasattr(synthetic, "generate_world"):
-        pytest.skip("search_env.synthetic.generate_world not written yet")
-    world = synthetic.generate_world(seed=0)
+    from search_env.synthetic import generate_world
+
+    world = generate_world(seed=0)
     for name, passages in world.sources.items():
         source = BM25Source(passages, name=name)
         title = passages[0]["title"]

@@ -77,6 +77,21 @@ def test_each_cycle_is_named() -> None:
     assert violations[1].detail == "D -> E -> D"
 
 
+def test_a_cycle_off_the_first_node_is_found() -> None:
+    # A is in the strongly connected set {A, B, C}, but the walk from A closes on B first
+    text = "A: a (News)\nB: b (News)\nC: c (News)\nEdges:\nA -> B ; B -> C ; C -> B ; C -> A"
+    assert [(v.rule, v.detail) for v in check(text)] == [("cycle", "B -> C -> B")]
+
+
+def test_a_long_cycle_is_shown_cut() -> None:
+    labels = [f"N{i}" for i in range(30)]
+    text = "".join(f"{label}: q (News)\n" for label in labels) + "Edges:\n" + " -> ".join(labels + ["N0"])
+    violations = check(text, max_nodes=30)
+    assert [(v.rule, v.detail) for v in violations] == [
+        ("cycle", " -> ".join(labels[:10]) + " -> ... (30 nodes)")
+    ]
+
+
 def test_everything_is_reported_at_once() -> None:
     text = "Nodes:\nA: x (Nope)\nB: y (News)\nEdges:\nA -> B -> A ; B -> B ; B -> X"
     assert sorted(rules(check(text))) == sorted(["unknown_source", "unknown_node", "self_loop", "cycle"])
@@ -124,7 +139,6 @@ def test_strict_mode_delegates_to_the_reward_reading(monkeypatch: pytest.MonkeyP
 
 
 def test_strict_mode_with_the_real_reward_module() -> None:
-    pytest.importorskip("rewards.dag", reason="rewards/dag.py (read_strict_dag) is written by another engineer")
     reference = "Nodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\nEdges:\nA -> B"
     assert validate_strict(reference) == []
     seven = "Nodes:\n" + "\n".join(f"{chr(65 + i)}: q (News)" for i in range(7))

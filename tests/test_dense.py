@@ -15,10 +15,14 @@ from typing import Sequence
 
 import numpy as np
 import pytest
-import torch
 
-from search_env.sources.base import Passage
-from search_env.sources.dense import (
+from tests.conftest import skip_without
+
+skip_without("dense", "torch", "transformers", "faiss")
+import torch  # noqa: E402
+
+from search_env.sources.base import Passage  # noqa: E402
+from search_env.sources.dense import (  # noqa: E402
     EMBEDDINGS,
     INDEX_FILE,
     MANIFEST,
@@ -28,7 +32,7 @@ from search_env.sources.dense import (
     faiss_gpu_available,
     passage_text,
 )
-from search_env.sources.encoders import (
+from search_env.sources.encoders import (  # noqa: E402
     MIN_SLICE,
     PREFIX_PRESETS,
     TextEncoder,

@@ -18,6 +18,7 @@ from search_env.data.loaders import (
     load_searchr1_parquet,
     parse_musique_decomposition,
 )
+from tests.conftest import skip_without
 
 # Row counts from ../shared/data/README.md.
 README_ROWS = {
@@ -160,6 +161,35 @@ def test_malformed_rows_name_file_and_line(tmp_path, bad_row, message) -> None:
     assert "broken.jsonl:3" in str(info.value)
 
 
+def test_invalid_utf8_names_file_and_line(tmp_path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(ROWS[0]).encode() + b"\n" + '{"id": "z", "question": "caf\u00e9?"}'.encode("latin-1") + b"\n")
+    with pytest.raises(ValueError, match=r"latin1\.jsonl:2: invalid UTF-8 at byte 29"):
+        load_flashrag_jsonl(path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b'{"id": "1", "text": "ok"}\n{"id": "2", "text": "\xff"}\n')
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:2: invalid UTF-8"):
+        load_corpus(corpus)
+
+
+def test_wrong_field_types_name_the_field(tmp_path) -> None:
+    path = write_jsonl(tmp_path / "typed.jsonl", [{"id": "z", "question": 42, "golden_answers": ["a"]}])
+    with pytest.raises(ValueError, match=r"typed\.jsonl:1: 'question' must be a string, got int"):
+        load_flashrag_jsonl(path)
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n\n"])
+def test_an_empty_file_says_which_file(tmp_path, content: str) -> None:
+    dataset, corpus = tmp_path / "empty.jsonl", tmp_path / "empty_corpus.jsonl"
+    dataset.write_text(content)
+    corpus.write_text(content)
+    with pytest.raises(ValueError, match=r"empty\.jsonl: the dataset file has no examples"):
+        load_flashrag_jsonl(dataset)
+    with pytest.raises(ValueError, match=r"empty_corpus\.jsonl: the corpus file has no passages"):
+        load_corpus(corpus)
+    assert load_flashrag_jsonl(dataset, limit=0) == []  # nothing asked, nothing read
+
+
 # ---------------------------------------------------------------- Search-R1 parquet
 
 SEARCH_R1_PREFIX = (
@@ -190,7 +220,8 @@ def search_r1_row(data_source: str, split: str, index: int, question: str, answe
 
 
 def write_parquet(path: Path, rows: list[dict]) -> Path:
-    pa = pytest.importorskip("pyarrow")
+    skip_without("data", "pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -226,6 +257,54 @@ def test_searchr1_parquet_bad_row_names_row(tmp_path) -> None:
     bad = dict(good, prompt=[{"role": "user", "content": "no marker here"}])
     with pytest.raises(ValueError, match=r"bad\.parquet: row 1: .*Question"):
         load_searchr1_parquet(write_parquet(tmp_path / "bad.parquet", [good, bad]))
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("question", 7, "'question' must be a string, got int"),
+    ("extra_info", "train", "'extra_info' must be a struct, got str"),
+    ("reward_model", "rule", "'reward_model' must be a struct, got str"),
+    ("prompt", "Question: who?", "'prompt' must be a list of messages, got str"),
+    ("golden_answers", 3, "'golden_answers' must be a non-empty list of strings"),
+    ("metadata", "none", "'metadata' must be a struct, got str"),
+])
+def test_searchr1_parquet_wrong_column_types_name_row_and_column(tmp_path, column: str, value, message: str) -> None:
+    good = search_r1_row("nq", "test", 0, "q one", ["a"], False)
+    bad = dict(good, **{column: value})
+    if column == "prompt":
+        bad.pop("question", None)
+    with pytest.raises(ValueError, match=rf"typed\.parquet: row 0: {re.escape(message)}"):
+        load_searchr1_parquet(write_parquet(tmp_path / "typed.parquet", [bad]))
+
+
+def test_corrupt_parquet_names_the_file_and_rows(tmp_path) -> None:
+    skip_without("data", "pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"PAR1 this is not a parquet file")
+    with pytest.raises(ValueError, match=r"garbage\.parquet: not a readable parquet file"):
+        load_searchr1_parquet(garbage)
+    path = tmp_path / "damaged.parquet"
+    rows = [{"question": f"question {i}?", "golden_answers": ["a"]} for i in range(3000)]
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=1024)
+    third = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[third : third + 64] = b"\xff" * 64  # the third row group's page header
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"damaged\.parquet: rows from 2048 on cannot be read"):
+        load_searchr1_parquet(path)
+
+
+def test_empty_parquet_says_which_file(tmp_path) -> None:
+    skip_without("data", "pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "none.parquet"
+    pq.write_table(pa.table({"question": pa.array([], pa.string()), "golden_answers": pa.array([], pa.list_(pa.string()))}), path)
+    with pytest.raises(ValueError, match=r"none\.parquet: the dataset file has no examples"):
+        load_searchr1_parquet(path)
 
 
 # ---------------------------------------------------------------- load_dataset dispatch and corpora
@@ -265,9 +344,6 @@ def test_load_dataset_synthetic_calls_generate_world(monkeypatch) -> None:
 
 
 def test_load_dataset_synthetic_real_world() -> None:
-    synthetic = pytest.importorskip("search_env.synthetic")
-    if not hasattr(synthetic, "generate_world"):
-        pytest.skip("search_env.synthetic.generate_world not written yet")
     examples = load_dataset("synthetic", world_options={"seed": 0, "n_questions": 20})
     assert len(examples) == 20 and all(isinstance(e, QAExample) and e.golden_answers for e in examples)
     assert [e.id for e in examples] == [e.id for e in load_dataset("synthetic", world_options={"seed": 0, "n_questions": 20})]

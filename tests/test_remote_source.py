@@ -1,23 +1,28 @@
 """RemoteSource: the HTTP client for Search-R1-style retrieval servers.
 
-Everything runs over loopback (127.0.0.1, port 0) against either this project's server (serving an
-in-test Source) or a tiny scripted HTTP server that misbehaves on purpose (500s, slow replies,
-malformed bodies). Every wait is bounded.
+Everything runs over loopback (127.0.0.1, port 0) against this project's server (serving an in-test
+Source), a tiny scripted HTTP server that misbehaves on purpose (500s, slow replies, malformed
+bodies), or a raw socket server that never answers or sends its reply a byte at a time. Every wait
+is bounded, and every misbehaving handler stops by itself.
 """
 from __future__ import annotations
 
 import http.server
 import json
 import socket
+import socketserver
 import threading
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pytest
 
-from search_env.server import RetrievalServer
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.sources.remote import RemoteSource, document_to_passage, parse_retrieve_response
+from tests.conftest import skip_without
+
+if TYPE_CHECKING:
+    from search_env.server import RetrievalServer
 
 WAIT_S = 10.0  # upper bound for any wait in this file
 
@@ -48,6 +53,9 @@ def shared_source() -> FakeSource:
 
 @pytest.fixture(scope="module")
 def shared_server(shared_source: FakeSource):
+    skip_without("server", "starlette", "pydantic", "uvicorn")
+    from search_env.server import RetrievalServer
+
     with RetrievalServer(shared_source) as running:
         yield running
 
@@ -250,17 +258,140 @@ def test_server_down_raises_after_retries() -> None:
     assert remote.requests_sent == 3
 
 
-def test_timeout_raises_source_error_in_bounded_time(scripted) -> None:
-    url, seen = scripted([(200, good_reply, 1.5)])
-    remote = RemoteSource(url, timeout_s=0.2, retries=1, backoff_s=0.01)
+def test_slow_reply_fails_at_the_deadline_with_one_attempt(scripted) -> None:
+    """The deadline covers the call, retries included: a reply slower than it uses one attempt."""
+    url, seen = scripted([(200, good_reply, 3.0)])
+    remote = RemoteSource(url, timeout_s=0.5, retries=2, backoff_s=0.01)
     start = time.monotonic()
     try:
-        with pytest.raises(SourceError, match="no reply within 0.2 s"):
+        with pytest.raises(SourceError, match="no reply within 0.5 s"):
             remote.search(["slow"], 2)
+        assert time.monotonic() - start < 2.5  # the deadline, not the server's 3 s
     finally:
         remote.close()
-    assert time.monotonic() - start < 2.5  # two 0.2 s attempts, not two of the server's 1.5 s sleeps
-    assert remote.requests_sent == 2
+    assert remote.requests_sent == 1
+
+
+DRIP_S = 0.05
+DRIP_LIMIT = 200  # a misbehaving handler stops by itself after 200 bytes or waits: 10 s at most
+ANSWER = json.dumps({"result": [[{"document": {"id": "7", "contents": '"T"\nbody'}, "score": 1.0}]]}).encode()
+
+
+class MisbehavingHandler(socketserver.BaseRequestHandler):
+    """Reads a request's head, then answers in the server's next mode: "silent" (never), "drip-status"
+    (the status line a byte at a time), "drip-body" (headers, then the body a byte at a time) or
+    "answer" (one passage at once). Records when the client cut a request that never finished."""
+
+    def handle(self) -> None:
+        server = self.server
+        self.request.settimeout(DRIP_S)
+        received = b""
+        for _ in range(DRIP_LIMIT):
+            if b"\r\n\r\n" in received:
+                break
+            try:
+                received += self.request.recv(65536) or b"\0"
+            except TimeoutError:
+                continue
+        modes = server.modes  # type: ignore[attr-defined]
+        server.requests.append(received)  # type: ignore[attr-defined]
+        mode = modes[min(len(server.requests), len(modes)) - 1]  # type: ignore[attr-defined]
+        status = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        if mode == "answer":
+            self.request.sendall(status + b"Content-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER)
+            return
+        stream = status + b"Content-Length: 100000\r\n\r\n" + b"{" * DRIP_LIMIT
+        if mode == "drip-body":
+            self.request.sendall(stream[: stream.index(b"\r\n\r\n") + 4])
+            stream = b"{" * DRIP_LIMIT
+        for index in range(DRIP_LIMIT):
+            try:
+                if mode == "silent":
+                    if self.request.recv(1) == b"":
+                        break  # the client closed its side
+                else:
+                    self.request.sendall(stream[index : index + 1])
+                    time.sleep(DRIP_S)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        else:
+            return  # ran to the end: the client never cut the connection
+        server.cut.set()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def misbehaving():
+    """Start a misbehaving server: ``misbehaving([mode, ...]) -> (url, server)``; the last mode repeats."""
+    servers: list[socketserver.ThreadingTCPServer] = []
+
+    def start(modes: list[str]) -> tuple[str, socketserver.ThreadingTCPServer]:
+        server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), MisbehavingHandler)
+        server.daemon_threads = True
+        server.modes, server.requests, server.cut = modes, [], threading.Event()  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/retrieve", server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("mode", ["silent", "drip-status", "drip-body"])
+def test_a_server_that_never_finishes_is_cut_at_the_deadline(misbehaving, mode: str) -> None:
+    """Per-read socket timeouts never fire against a byte every 50 ms; the call's deadline does, and
+    the request in flight is cut (the server sees its connection close) before close() is called."""
+    url, server = misbehaving([mode])
+    remote = RemoteSource(url, timeout_s=0.5, retries=2, backoff_s=0.01)
+    start = time.monotonic()
+    try:
+        with pytest.raises(SourceError, match="no reply within 0.5 s"):
+            remote.search(["q"], 2)
+        assert time.monotonic() - start < 5.0
+        assert server.cut.wait(5.0), "the request was left running after the deadline"
+    finally:
+        remote.close()
+    assert len(server.requests) == 1
+
+
+def test_the_source_answers_again_after_a_cut_request(misbehaving) -> None:
+    """The cut connection is not reused: the next call opens a new one and gets its answer."""
+    url, server = misbehaving(["drip-body", "answer"])
+    remote = RemoteSource(url, timeout_s=0.5, retries=0, max_in_flight=1)
+    try:
+        with pytest.raises(SourceError, match="no reply within"):
+            remote.search(["q"], 1)
+        assert remote.search(["q"], 1) == [[Passage("7", "T", "body", 1.0)]]
+    finally:
+        remote.close()
+    assert len(server.requests) == 2
+
+
+def test_close_cuts_a_request_in_flight(misbehaving) -> None:
+    url, server = misbehaving(["silent"])
+    remote = RemoteSource(url, timeout_s=30.0)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            remote.search(["q"], 1)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.requests:
+        assert time.monotonic() < deadline, "the request never arrived"
+        time.sleep(0.01)
+    remote.close()
+    caller.join(WAIT_S)
+    assert not caller.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], SourceError)
+    assert server.cut.wait(WAIT_S)
 
 
 def test_http_500_is_retried_then_raises(scripted) -> None:

@@ -18,13 +18,17 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
-import requests
 
-from search_env.server import MicroBatcher, RetrievalServer, ServerLimits
-from search_env.server.build import STAMP_FILE, build_source, synthetic_passages
-from search_env.sources.base import Passage, Source, SourceError
-from search_env.sources.bm25 import BM25Source
-from search_env.sources.remote import RemoteSource
+from tests.conftest import skip_without
+
+skip_without("server", "starlette", "pydantic", "uvicorn", "requests")
+import requests  # noqa: E402
+
+from search_env.server import MicroBatcher, RetrievalServer, ServerLimits  # noqa: E402
+from search_env.server.build import STAMP_FILE, build_source, synthetic_passages  # noqa: E402
+from search_env.sources.base import Passage, Source, SourceError  # noqa: E402
+from search_env.sources.bm25 import BM25Source  # noqa: E402
+from search_env.sources.remote import RemoteSource  # noqa: E402
 
 WAIT_S = 10.0
 REPO = Path(__file__).resolve().parents[1]
@@ -581,7 +585,6 @@ def test_cli_serves_a_bm25_corpus_and_saves_its_index(tmp_path: Path) -> None:
 
 
 def test_cli_serves_a_synthetic_world_source(tmp_path: Path) -> None:
-    pytest.importorskip("search_env.synthetic")
     url, process = run_cli(["--synthetic", "--synthetic-source", "news", "--retriever", "bm25"], tmp_path)
     try:
         assert wait_healthy(url, process, 60)["source"] == "news"

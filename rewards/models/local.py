@@ -12,6 +12,8 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from rewards._optional import requires_extra
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -89,7 +91,8 @@ class LocalChatModel:
         touches the network when ``HF_HUB_OFFLINE=1``; a gguf file is de-quantised to ``dtype``
         (float32 by default), which is what ``transformers`` supports for gguf.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with requires_extra("judge", "a local judge or answer model"):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(path) if path is not None else default_model_path()
         if path.suffix == ".gguf" and path.is_file():
@@ -127,7 +130,8 @@ class LocalChatModel:
         return replies
 
     def _generate_batch(self, batch: list[list[int]]) -> list[str]:
-        import torch
+        with requires_extra("judge", "a local judge or answer model"):
+            import torch
 
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)

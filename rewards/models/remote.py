@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from rewards._optional import requires_extra
 from rewards.models.chat import ModelCallError
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ class OpenAIChatModel:
         system_prompt: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        import httpx
+        with requires_extra("judge", "an OpenAI-compatible judge or answer model"):
+            import httpx
 
         if max_retries < 0 or max_workers < 1 or timeout <= 0 or backoff < 0:
             raise ValueError(
@@ -90,7 +92,8 @@ class OpenAIChatModel:
 
     def complete(self, prompt: str) -> str:
         """One chat completion for one user message, retried on transient failures."""
-        import httpx
+        with requires_extra("judge", "an OpenAI-compatible judge or answer model"):
+            import httpx
 
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages.append({"role": "user", "content": prompt})

@@ -29,28 +29,34 @@ Reading never raises and never guesses silently: anything it cannot read becomes
 :attr:`Plan.issues` (a :class:`Violation`), which :func:`search_env.dag.validate.validate_plan` reports
 together with the structural rules.
 
-Every step is a single pass over a line: string methods, or anchored regular expressions without
-nested or unbounded overlapping quantifiers, so the time is linear in the input length whatever the
-input (no catastrophic backtracking; see ``benchmarks/dag_critical_path.py`` for the measurement).
+Reading costs time linear in the text, whatever the text: every step is one pass over a line
+(string methods, or regular expressions without overlapping quantifiers, so no catastrophic
+backtracking), an edge group adds each distinct edge once (``A A A -> B B B`` is one edge, not nine
+lookups), and reading stops at :data:`MAX_EDGES` edges and at :data:`MAX_ISSUES` problems. A model can
+emit 100 KB inside one call tag; ``python -m benchmarks.dag_parse_adversarial`` measures such plans.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_EDGES", "Plan", "PlanNode", "Violation", "format_plan", "parse_plan"]
+__all__ = ["MAX_EDGES", "MAX_ISSUES", "Plan", "PlanNode", "Violation", "format_plan", "parse_plan"]
 
 MAX_EDGES = 1024
 """Edge groups (``A, B, C -> D, E``) expand to a product; past this many distinct edges the reader
 stops adding edges and reports ``too_many_edges`` so a hostile block cannot blow up memory."""
 
+MAX_ISSUES = 100
+"""A plan with this many problems is not a plan: the reader stops there and reports
+``too_many_issues``, so that the issue list (and the error observation built from it) stays bounded."""
+
 _DETAIL_CHARS = 80  # quoted input in an issue is cut to this length: issues become observations
 
 # Full-width punctuation models emit, mapped to the ASCII the grammar uses. Arrows are handled
 # separately (only on edge text) so that node queries keep their own characters.
-_FULL_WIDTH = str.maketrans(
-    {"：": ":", "；": ";", "，": ",", "、": ",", "（": "(", "）": ")", "【": "[", "】": "]", "\u3000": " "}
-)
+_FULL_WIDTH_CHARS = {"：": ":", "；": ";", "，": ",", "、": ",", "（": "(", "）": ")", "【": "[", "】": "]", "\u3000": " "}
+_FULL_WIDTH = str.maketrans(_FULL_WIDTH_CHARS)
+_FULL_WIDTH_RE = re.compile("[" + "".join(_FULL_WIDTH_CHARS) + "]")
 _ARROW = "→"
 # The lookbehind makes a run of dashes cost one scan, not one scan per position (linear time).
 _ARROW_RE = re.compile(r"(?<![-=—－])[-=—－]+[>＞]|[⟶⇒➔➜➝⇾]")
@@ -59,11 +65,18 @@ _NUMBERING_RE = re.compile(r"(?:\d{1,3}[.)]|\(\d{1,3}\))(?: |$)")
 _PREFIX_WORD_RE = re.compile(r"(?:node|step) (?=[a-z][0-9]* ?[:.)])", re.IGNORECASE)
 _HEADER_RE = re.compile(r"(nodes?|edges?)(?: ?:|$)", re.IGNORECASE)
 _LABEL_RE = re.compile(r"([A-Za-z][0-9]{0,3}) ?(?::|[.)](?= |$))")
-_LABEL_TOKEN_RE = re.compile(r"[A-Za-z][0-9]{0,3}")
 _TOOL_RE = re.compile(r"[\w\- ]+")
-_GROUP_SPLIT_RE = re.compile(r"[ ,&+]+")
+# One side of an arrow: labels and the filler words "and"/"node(s)", separated by spaces, ",", "&"
+# or "+". Token and separator characters are disjoint, so matching never backtracks across tokens.
+_GROUP_RE = re.compile(r"[ ,&+]*(?:(?:[A-Za-z][0-9]{0,3}|[Aa][Nn][Dd]|[Nn][Oo][Dd][Ee][Ss]?)(?:[ ,&+]+|$))+")
+_GROUP_TOKEN_RE = re.compile(r"[A-Z0-9]+")
+_CHAIN_RE = re.compile(r"[A-Za-z][0-9]{0,3}(?: ?" + _ARROW + r" ?[A-Za-z][0-9]{0,3})+")
+_GROUP_FILLER = frozenset({"AND", "NODE", "NODES"})
 _CLOSE_BRACKETS = ")]"
-_GROUP_FILLER = frozenset({"and", "node", "nodes"})
+# First characters that _strip_bullets can act on besides decimal digits: a bullet, a space, "(" of
+# numbering, or "Node"/"Step" ("ſ" folds to "s" under IGNORECASE).
+_STRIPPABLE_START = frozenset(_BULLET_CHARS + " (nNsSſ")
+_HEADER_START = frozenset("nNeE")
 _EMPTY_EDGE_LIST = frozenset({"none", "(none)", "no edges", "n/a", "-", "nil", "empty", "无", "(无)"})
 
 
@@ -107,9 +120,13 @@ def parse_plan(text: str) -> Plan:
     """Read a plan from the content of a call tag. Never raises; see the module docstring for the
     accepted variants and :attr:`Plan.issues` for what could not be read."""
     reader = _Reader()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        reader.read_line(number, raw)
-    return Plan(nodes=reader.nodes, edges=list(reader.edges), issues=reader.issues, text=text)
+    # Full-width punctuation and Markdown bold are rewritten once for the whole text: neither can
+    # span a line break, so this equals doing it line by line, at a fraction of the cost.
+    normalised = text.translate(_FULL_WIDTH) if _FULL_WIDTH_RE.search(text) else text
+    if "**" in normalised:
+        normalised = normalised.replace("**", "")
+    reader.read(normalised.splitlines())
+    return Plan(nodes=reader.nodes, edges=reader.edges, issues=reader.issues, text=text)
 
 
 def format_plan(plan: Plan) -> str:
@@ -129,45 +146,86 @@ def _quote(text: str) -> str:
     return repr(text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "...")
 
 
+class _StopReading(Exception):
+    """Raised inside the reader when :data:`MAX_ISSUES` is reached; :meth:`_Reader.read` catches it."""
+
+
+_UNSEEN = object()
+
+
 class _Reader:
-    """Line-by-line state: which section we are in, and what has been read so far."""
+    """Line-by-line state: which section we are in, and what has been read so far.
+
+    Hostile text repeats itself, so two memos keep repetition cheap without changing the result:
+    a line read before in the same section that added no node and no issue can only re-add known
+    edges (or change the section the same way), so it is skipped; and each distinct side of an
+    arrow, and each distinct pair of adjacent sides, is worked out once.
+    """
 
     def __init__(self) -> None:
         self.section: str | None = None  # None (no header seen yet), "nodes" or "edges"
         self.nodes: dict[str, PlanNode] = {}
-        self.edges: dict[tuple[str, str], None] = {}  # insertion-ordered set
+        self.edges: list[tuple[str, str]] = []
         self.issues: list[Violation] = []
+        self._children: dict[str, set[str]] = {}  # parent -> children: the edges as a lookup
         self._edges_capped = False
+        self._groups: dict[str, tuple[str, ...] | None] = {}  # side of an arrow -> its labels
+        self._connected: set[tuple[str, str]] = set()  # adjacent sides already connected
+
+    def read(self, lines: list[str]) -> None:
+        """Read every line, in order, until the end or :data:`MAX_ISSUES`."""
+        harmless: dict[tuple[str | None, str], str | None] = {}  # (section, line) -> section after it
+        try:
+            for number, raw in enumerate(lines, start=1):
+                key = (self.section, raw)
+                section = harmless.get(key, _UNSEEN)
+                if section is not _UNSEEN:
+                    self.section = section  # type: ignore[assignment]
+                    continue
+                issues, nodes = len(self.issues), len(self.nodes)
+                self.read_line(number, raw)
+                if len(self.issues) == issues and len(self.nodes) == nodes:
+                    harmless[key] = self.section
+        except _StopReading:
+            pass
 
     def read_line(self, number: int, raw: str) -> None:
-        line = _clean(raw)
+        # Whitespace is collapsed first: a blank line (the commonest filler) costs one split.
+        line = " ".join(raw.split())
+        if not line:
+            return
+        if line[0] in _STRIPPABLE_START or line[0].isdecimal():
+            line = _strip_bullets(line)
         if not line or line.startswith("```"):
             return
-        header = _HEADER_RE.match(line)
-        if header:
-            self.section = "edges" if header.group(1).lower().startswith("edge") else "nodes"
-            line = line[header.end():].strip()
-            if not line:
-                return
-            line = _strip_bullets(line)
-        arrowed = _ARROW_RE.sub(_ARROW, line)
-        has_arrow = _ARROW in arrowed
+        if line[0] in _HEADER_START:
+            header = _HEADER_RE.match(line)
+            if header:
+                self.section = "edges" if header.group(1).lower().startswith("edge") else "nodes"
+                line = line[header.end():].strip()
+                if not line:
+                    return
+                line = _strip_bullets(line)
+        has_arrow = _ARROW in line or _ARROW_RE.search(line) is not None
         label = _LABEL_RE.match(line)
         if label and not (self.section == "edges" and has_arrow):
             self._read_node(number, line, label)
         elif has_arrow:
-            self._read_edges(number, arrowed)
-        elif line.lower() in _EMPTY_EDGE_LIST:
-            return
+            self._read_edges(number, _ARROW_RE.sub(_ARROW, line))
+        elif self.section is None or line.lower() in _EMPTY_EDGE_LIST:
+            return  # before any header, other text is the model's prose around the plan
         elif self.section == "nodes":
+            self._issue("bad_node_syntax", f"line {number}: {_quote(line)} is not 'Label: query (Source)'", number)
+        else:
+            self._issue("bad_edge_syntax", f"line {number}: {_quote(line)} has no 'A -> B' edge", number)
+
+    def _issue(self, rule: str, detail: str, number: int) -> None:
+        self.issues.append(Violation(rule, detail))
+        if len(self.issues) >= MAX_ISSUES:
             self.issues.append(
-                Violation("bad_node_syntax", f"line {number}: {_quote(line)} is not 'Label: query (Source)'")
+                Violation("too_many_issues", f"line {number}: {MAX_ISSUES} problems; the rest of the plan is not read")
             )
-        elif self.section == "edges":
-            self.issues.append(
-                Violation("bad_edge_syntax", f"line {number}: {_quote(line)} has no 'A -> B' edge")
-            )
-        # Before any header, other text is the model's prose around the plan: not part of it.
+            raise _StopReading
 
     def _read_node(self, number: int, line: str, label_match: re.Match[str]) -> None:
         label = label_match.group(1).upper()
@@ -175,58 +233,82 @@ class _Reader:
         query, source = _split_tool(rest)
         if label in self.nodes:
             first = self.nodes[label].line
-            self.issues.append(
-                Violation("duplicate_label", f"line {number}: label {label} already declared on line {first}")
-            )
+            self._issue("duplicate_label", f"line {number}: label {label} already declared on line {first}", number)
             return
         if source is None:
-            self.issues.append(
-                Violation("missing_source", f"line {number}: node {label} has no '(Source)' at the end")
-            )
+            self._issue("missing_source", f"line {number}: node {label} has no '(Source)' at the end", number)
         if not query:
-            self.issues.append(Violation("empty_query", f"line {number}: node {label} has an empty query"))
+            self._issue("empty_query", f"line {number}: node {label} has an empty query", number)
         self.nodes[label] = PlanNode(label=label, query=query, source=source, line=number)
 
     def _read_edges(self, number: int, arrowed: str) -> None:
         for statement in _statements(arrowed):
+            if _CHAIN_RE.fullmatch(statement):  # the common case, "A -> B -> C": one label a side
+                if not self._edges_capped:
+                    labels = _GROUP_TOKEN_RE.findall(statement.upper())
+                    for parent, child in zip(labels, labels[1:]):
+                        if not self._add_edge(parent, child, number):
+                            break
+                continue
             if not statement or statement.lower() in _EMPTY_EDGE_LIST:
                 continue
-            groups = [_label_group(part) for part in statement.split(_ARROW)]
-            if len(groups) < 2 or any(group is None for group in groups):
-                self.issues.append(
-                    Violation(
-                        "bad_edge_syntax",
-                        f"line {number}: {_quote(statement.replace(_ARROW, '->'))} is not 'A -> B'",
-                    )
-                )
+            sides = statement.split(_ARROW)
+            groups = [self._label_group(side) for side in sides]
+            if len(groups) < 2 or None in groups:
+                shown = _quote(statement.replace(_ARROW, "->"))
+                self._issue("bad_edge_syntax", f"line {number}: {shown} is not 'A -> B'", number)
                 continue
-            for parents, children in zip(groups, groups[1:]):
-                for parent in parents:  # type: ignore[union-attr]
-                    for child in children:  # type: ignore[union-attr]
-                        self._add_edge(parent, child, number)
+            for index in range(len(sides) - 1):
+                if self._edges_capped:
+                    break
+                pair = (sides[index], sides[index + 1])
+                if pair not in self._connected:
+                    self._connect(groups[index], groups[index + 1], number)  # type: ignore[arg-type]
+                    self._connected.add(pair)
 
-    def _add_edge(self, parent: str, child: str, number: int) -> None:
-        edge = (parent, child)
-        if edge in self.edges:
-            return
+    def _label_group(self, side: str) -> tuple[str, ...] | None:
+        """Distinct labels of one side of an arrow (``A``, ``A, C``, ``A & C``, ``Node A``), upper-cased,
+        in order of first mention; None when the side is empty or holds anything that is not a label."""
+        if side in self._groups:
+            return self._groups[side]
+        labels = None
+        if _GROUP_RE.fullmatch(side):
+            tokens = [token for token in _GROUP_TOKEN_RE.findall(side.upper()) if token not in _GROUP_FILLER]
+            labels = tuple(dict.fromkeys(tokens)) or None
+        self._groups[side] = labels
+        return labels
+
+    def _connect(self, parents: tuple[str, ...], children: tuple[str, ...], number: int) -> None:
+        """Add each new ``parent -> child`` edge in reading order. A parent whose children already
+        include the whole group is passed over by one set comparison, so re-stating known edges
+        costs set work, not a lookup per pair."""
+        wanted = frozenset(children)
+        for parent in parents:
+            known = self._children.get(parent)
+            if known is not None and len(known) >= len(wanted) and known >= wanted:
+                continue
+            for child in children:
+                if not self._add_edge(parent, child, number):
+                    return
+
+    def _add_edge(self, parent: str, child: str, number: int) -> bool:
+        """Record ``parent -> child`` unless known; False once :data:`MAX_EDGES` stops the reading of edges."""
+        known = self._children.get(parent)
+        if known is None:
+            known = self._children[parent] = set()
+        elif child in known:
+            return True
         if len(self.edges) >= MAX_EDGES:
-            if not self._edges_capped:
-                self._edges_capped = True
-                self.issues.append(
-                    Violation("too_many_edges", f"line {number}: more than {MAX_EDGES} edges; the rest are ignored")
-                )
-            return
-        self.edges[edge] = None
-
-
-def _clean(raw: str) -> str:
-    """Full-width punctuation to ASCII, Markdown bold removed, whitespace collapsed, bullets,
-    numbering and a leading ``Node``/``Step`` word stripped."""
-    line = " ".join(raw.translate(_FULL_WIDTH).replace("**", "").split())
-    return _strip_bullets(line)
+            self._edges_capped = True
+            self._issue("too_many_edges", f"line {number}: more than {MAX_EDGES} edges; the rest are ignored", number)
+            return False
+        known.add(child)
+        self.edges.append((parent, child))
+        return True
 
 
 def _strip_bullets(line: str) -> str:
+    """Bullets, numbering and a leading ``Node``/``Step`` word removed."""
     line = line.lstrip(_BULLET_CHARS + " ")
     numbering = _NUMBERING_RE.match(line)
     if numbering:
@@ -264,12 +346,3 @@ def _statements(arrowed: str) -> list[str]:
         else:
             statements.append(part.strip())
     return statements
-
-
-def _label_group(part: str) -> list[str] | None:
-    """Labels of one side of an arrow (``A``, ``A, C``, ``A & C``, ``Node A``), upper-cased; None when
-    the side is empty or holds anything that is not a label."""
-    tokens = [token for token in _GROUP_SPLIT_RE.split(part) if token and token.lower() not in _GROUP_FILLER]
-    if not tokens or not all(_LABEL_TOKEN_RE.fullmatch(token) for token in tokens):
-        return None
-    return [token.upper() for token in tokens]

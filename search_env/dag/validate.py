@@ -12,6 +12,7 @@ duplicate_label    a label is declared twice (the first declaration is kept)
 missing_source     a node line has no ``(Source)`` at its end
 empty_query        a node's query is empty
 too_many_edges     more than :data:`~search_env.dag.parser.MAX_EDGES` edges (reading stopped)
+too_many_issues    :data:`~search_env.dag.parser.MAX_ISSUES` of the above (reading stopped)
 no_nodes           the plan declares no node
 too_many_nodes     more than ``max_nodes`` nodes
 unknown_source     a node names a source that is neither a source nor an alias
@@ -118,17 +119,37 @@ def _unknown_nodes(plan: Plan) -> list[Violation]:
 
 
 def _cycles(plan: Plan) -> list[Violation]:
+    # Only nodes with edges can be on a cycle: the graph holds at most 2 * MAX_EDGES nodes however
+    # many nodes a hostile plan declares.
     graph = nx.DiGraph()
-    graph.add_nodes_from(plan.nodes)
     graph.add_edges_from(
         (parent, child)
         for parent, child in plan.edges
         if parent != child and parent in plan.nodes and child in plan.nodes
     )
-    violations = []
-    components = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
-    for component in sorted(components):
-        cycle = nx.find_cycle(graph.subgraph(component), source=component[0])
-        path = [edge[0] for edge in cycle] + [cycle[0][0]]
-        violations.append(Violation("cycle", " -> ".join(path)))
-    return violations
+    components = sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+    return [Violation("cycle", _show_path(_cycle_in(graph, component))) for component in components]
+
+
+def _cycle_in(graph: nx.DiGraph, component: list[str]) -> list[str]:
+    """One cycle of a strongly connected ``component``, closed (first node repeated at the end).
+
+    Every node of such a component has a successor inside it, so walking from its first node to the
+    first successor inside until a node repeats finds a cycle in one pass (``nx.find_cycle`` on the
+    subgraph does the same with a full depth-first search, several times slower).
+    """
+    members = set(component)
+    path, position = [component[0]], {component[0]: 0}
+    while True:
+        step = next(node for node in graph.successors(path[-1]) if node in members)
+        if step in position:
+            return path[position[step]:] + [step]
+        position[step] = len(path)
+        path.append(step)
+
+
+def _show_path(cycle: list[str], limit: int = 10) -> str:
+    """``A -> B -> A``; a cycle longer than ``limit`` nodes is cut, so one violation stays one line."""
+    if len(cycle) <= limit + 1:
+        return " -> ".join(cycle)
+    return " -> ".join(cycle[:limit]) + f" -> ... ({len(cycle) - 1} nodes)"

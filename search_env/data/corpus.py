@@ -19,12 +19,18 @@ from typing import Any
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for each non-blank line of a JSON-lines file (1-based lines).
 
-    Raises ``ValueError`` ("file:line: ...") for a line that is not JSON or not a JSON object, so that
-    callers can report row problems by position.
+    Raises ``ValueError`` ("file:line: ...") for a line that is not UTF-8, not JSON or not a JSON
+    object, so that callers can report row problems by position. (Lines are decoded one by one:
+    decoding the file as a stream would report a bad byte without its line.)
     """
     path = Path(path)
-    with path.open("r", encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: invalid UTF-8 at byte {error.start + 1} of the line "
+                                 f"({error.reason})") from None
             if not line.strip():
                 continue
             try:
@@ -74,8 +80,15 @@ def passage_from_row(row: Mapping[str, Any], where: str) -> dict[str, str]:
 
 
 def load_corpus(path: str | Path) -> list[dict[str, str]]:
-    """Read a JSON-lines corpus (either layout, see the module docstring) into ``{id, title, text}`` dicts."""
+    """Read a JSON-lines corpus (either layout, see the module docstring) into ``{id, title, text}`` dicts.
+
+    A file without any passage is an error (``ValueError`` naming it): an empty corpus is a failed
+    download or a wrong path, and a source over it could only answer nothing.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
-    return [passage_from_row(row, f"{path}:{line_number}") for line_number, row in iter_jsonl(path)]
+    passages = [passage_from_row(row, f"{path}:{line_number}") for line_number, row in iter_jsonl(path)]
+    if not passages:
+        raise ValueError(f"{path}: the corpus file has no passages")
+    return passages

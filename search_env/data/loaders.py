@@ -10,7 +10,9 @@ Formats:
   columns that ``datasets.map`` keeps);
 - ``"synthetic"``: the questions of the built-in synthetic world.
 
-Malformed rows raise ``ValueError`` naming the file and the line (jsonl) or row (parquet).
+Malformed rows raise ``ValueError`` naming the file and the line (jsonl) or row (parquet): text that
+is not UTF-8, fields of the wrong type, a parquet file that cannot be read. A file without any
+example is an error too, naming the file.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from search_env.data.corpus import iter_jsonl
+from search_env._optional import requires_extra
 from search_env.data.example import QAExample, SubQuestion
 
 #: Environment variable naming the folder that dataset names (``"hotpotqa_dev"``) resolve against.
@@ -78,7 +81,7 @@ def load_flashrag_jsonl(path: str | Path, *, limit: int | None = None, shuffle: 
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     examples = (_flashrag_example(row, f"{path}:{line}", f"{path.stem}-{line}") for line, row in iter_jsonl(path))
-    return _select(examples, limit=limit, shuffle=shuffle, seed=seed)
+    return _select(_not_empty(examples, path), limit=limit, shuffle=shuffle, seed=seed)
 
 
 def load_searchr1_parquet(path: str | Path, *, limit: int | None = None, shuffle: bool = False,
@@ -91,20 +94,31 @@ def load_searchr1_parquet(path: str | Path, *, limit: int | None = None, shuffle
     ``"<data_source>:<split>_<index>"``), because merged Search-R1 files repeat FlashRAG ids across
     data sources. ``prompt``, ``data_source``, ``ability`` and ``extra_info`` go to ``metadata``.
     """
-    try:
+    with requires_extra("data", "reading parquet"):
+        import pyarrow as pa
         import pyarrow.parquet as pq
-    except ImportError as error:  # pyarrow is the optional "data" extra
-        raise ImportError("reading parquet needs pyarrow: pip install 'searchqa-gym[data]'") from error
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+    except (pa.ArrowException, OSError) as error:
+        raise ValueError(f"{path}: not a readable parquet file ({error})") from None
 
     def examples() -> Iterator[QAExample]:
-        rows = (row for batch in pq.ParquetFile(path).iter_batches(batch_size=1024) for row in batch.to_pylist())
-        for number, row in enumerate(rows):
-            yield _searchr1_example(row, f"{path}: row {number}", number)
+        number = 0
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as error:
+                raise ValueError(f"{path}: rows from {number} on cannot be read ({error})") from None
+            if batch is None:
+                return
+            for row in batch.to_pylist():
+                yield _searchr1_example(row, f"{path}: row {number}", number)
+                number += 1
 
-    return _select(examples(), limit=limit, shuffle=shuffle, seed=seed)
+    return _select(_not_empty(examples(), path), limit=limit, shuffle=shuffle, seed=seed)
 
 
 def parse_musique_decomposition(steps: list[Mapping[str, Any]], where: str) -> list[SubQuestion]:
@@ -158,6 +172,17 @@ def _resolve(name_or_path: str | Path, data_dir: str | Path | None) -> Path:
                             f"{', '.join(c.name for c in candidates)}); available: {', '.join(available) or 'none'}")
 
 
+def _not_empty(examples: Iterator[QAExample], path: Path) -> Iterator[QAExample]:
+    """``examples``, raising ValueError naming ``path`` if there are none (read lazily, so that
+    ``limit`` still stops reading early)."""
+    empty = True
+    for example in examples:
+        empty = False
+        yield example
+    if empty:
+        raise ValueError(f"{path}: the dataset file has no examples")
+
+
 def _select(examples: Iterator[QAExample], *, limit: int | None, shuffle: bool, seed: int) -> list[QAExample]:
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -176,9 +201,17 @@ def _answers(value: Any, where: str, field: str) -> list[str]:
     raise ValueError(f"{where}: '{field}' must be a non-empty list of strings, got {value!r}")
 
 
+def _typed(row: Mapping[str, Any], key: str, kind: type, where: str, what: str) -> Any:
+    """``row[key]`` when absent, None or of type ``kind``; else a ValueError naming the field and type."""
+    value = row.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ValueError(f"{where}: '{key}' must be {what}, got {type(value).__name__}")
+    return value
+
+
 def _flashrag_example(row: dict[str, Any], where: str, fallback_id: str) -> QAExample:
-    question = row.get("question")
-    if not isinstance(question, str) or not question.strip():
+    question = _typed(row, "question", str, where, "a string")
+    if question is None or not question.strip():
         raise ValueError(f"{where}: missing or empty 'question'")
     if "golden_answers" not in row:
         raise ValueError(f"{where}: missing 'golden_answers'")
@@ -207,14 +240,15 @@ def _flashrag_example(row: dict[str, Any], where: str, fallback_id: str) -> QAEx
 
 
 def _searchr1_example(row: dict[str, Any], where: str, number: int) -> QAExample:
-    extra_info = row.get("extra_info") or {}
-    question = row.get("question")
-    if not isinstance(question, str) or not question.strip():
-        question = _question_from_prompt(row.get("prompt"), where)
+    extra_info = _typed(row, "extra_info", dict, where, "a struct") or {}
+    question = _typed(row, "question", str, where, "a string")
+    if question is None or not question.strip():
+        question = _question_from_prompt(_typed(row, "prompt", list, where, "a list of messages"), where)
     if row.get("golden_answers") is not None:
         answers = _answers(row["golden_answers"], where, "golden_answers")
     else:
-        ground_truth = (row.get("reward_model") or {}).get("ground_truth") or {}
+        reward_model = _typed(row, "reward_model", dict, where, "a struct") or {}
+        ground_truth = _typed(reward_model, "ground_truth", dict, where, "a struct") or {}
         if ground_truth.get("target") is None:
             raise ValueError(f"{where}: no 'golden_answers' column and no reward_model.ground_truth.target")
         answers = _answers(ground_truth["target"], where, "reward_model.ground_truth.target")
@@ -225,7 +259,7 @@ def _searchr1_example(row: dict[str, Any], where: str, number: int) -> QAExample
     else:
         local_id = f"row_{number}"
     data_source = row.get("data_source")
-    metadata = dict(row.get("metadata") or {})
+    metadata = dict(_typed(row, "metadata", dict, where, "a struct") or {})
     metadata.update({key: row[key] for key in ("data_source", "ability", "prompt") if row.get(key) is not None})
     if extra_info:
         metadata["extra_info"] = extra_info

@@ -19,12 +19,15 @@ import json
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from search_env._optional import requires_extra
+
+with requires_extra("server", "the retrieval server"):
+    from pydantic import BaseModel, ConfigDict, ValidationError
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
 
 from search_env.server.batching import MicroBatcher
 from search_env.sources.base import Passage, Source

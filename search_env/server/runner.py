@@ -11,7 +11,10 @@ import threading
 import time
 from typing import Any
 
-import uvicorn
+from search_env._optional import requires_extra
+
+with requires_extra("server", "the retrieval server"):
+    import uvicorn
 
 from search_env.server.app import create_app
 from search_env.sources.base import Source

@@ -27,6 +27,7 @@ import numpy as np
 
 from search_env.console import progress, progress_enabled
 from search_env.data.corpus import load_corpus, passage_from_row
+from search_env._optional import requires_extra
 
 from .base import Passage, Source
 from .encoders import TextEncoder
@@ -123,16 +124,23 @@ def corpus_fingerprint(passages: Iterable[Passage]) -> str:
     return digest.hexdigest()
 
 
+def _faiss() -> Any:
+    """The faiss module, or an error naming the extra that installs it."""
+    with requires_extra("dense", "dense retrieval"):
+        import faiss
+    return faiss
+
+
 def faiss_gpu_available() -> bool:
     """True when the installed faiss has GPU support and sees at least one GPU."""
-    import faiss
+    faiss = _faiss()
 
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
 def build_index(embeddings: np.ndarray, config: IndexConfig, *, show_progress: bool = False) -> Any:
     """A CPU faiss index over unit-norm ``embeddings`` (float32, shape (n, dim)), inner-product metric."""
-    import faiss
+    faiss = _faiss()
 
     n, dim = embeddings.shape
     if n == 0:
@@ -167,7 +175,7 @@ def _to_search_device(index: Any, config: IndexConfig, use_gpu: bool | None) -> 
     if config.kind == "hnsw":
         logger.info("faiss has no GPU HNSW; searching the HNSW index on the CPU")
         return index
-    import faiss
+    faiss = _faiss()
 
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
 
@@ -228,7 +236,7 @@ class DenseSource(Source):
         }
 
     def _load_or_build(self, *, rebuild: bool, show_progress: bool) -> tuple[Any, BuildStats]:
-        import faiss
+        faiss = _faiss()
 
         corpus_hash = corpus_fingerprint(self.passages)
         stored = self._read_manifest() if self.index_dir is not None and not rebuild else None
@@ -285,7 +293,7 @@ class DenseSource(Source):
     def _write(self, index: Any, embeddings: np.ndarray | None, corpus_hash: str, stats: BuildStats) -> None:
         """Write embeddings (when freshly encoded), index and manifest; the manifest goes last so an
         interrupted write never looks like a complete index."""
-        import faiss
+        faiss = _faiss()
 
         self.index_dir.mkdir(parents=True, exist_ok=True)
         manifest_path = self.index_dir / MANIFEST
@@ -314,7 +322,7 @@ class DenseSource(Source):
         depth = min(k, len(self.passages))
         params = None
         if self.config.kind == "hnsw" and depth > self.config.hnsw_ef_search:
-            import faiss  # the beam must be at least k wide to return k results
+            faiss = _faiss()  # the beam must be at least k wide to return k results
 
             params = faiss.SearchParametersHNSW(efSearch=depth)
         scores, rows = self._index.search(vectors, depth, params=params)

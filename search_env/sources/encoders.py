@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal, Sequence
 import numpy as np
 
 from search_env.console import progress
+from search_env._optional import requires_extra
 
 from .openvino_runtime import OpenVINOModel, openvino_available
 
@@ -230,8 +231,9 @@ class TransformersEncoder(TextEncoder):
         compile_model: bool = False,
         backend: Backend = "auto",
     ) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
+        with requires_extra("dense", "dense retrieval"):
+            import torch
+            from transformers import AutoModel, AutoTokenizer
 
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -354,7 +356,8 @@ class TransformersEncoder(TextEncoder):
         """Pad one batch to its own longest member, run the model, pool and normalise (in float32,
         whatever the weights' precision). Enters inference mode itself because it is a per-thread
         state."""
-        import torch
+        with requires_extra("dense", "dense retrieval"):
+            import torch
 
         width = max(len(x) for x in batch_ids)
         pad = self.tokenizer.pad_token_id

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from search_env._optional import requires_extra
+
 if TYPE_CHECKING:
     import torch
 
@@ -36,7 +38,8 @@ def openvino_available() -> bool:
 
 def _pooled_module(model: "torch.nn.Module", pooling: Literal["mean", "cls"]) -> "torch.nn.Module":
     """``model`` followed by mean or CLS pooling and L2 normalisation, as one module to convert."""
-    import torch
+    with requires_extra("dense", "dense retrieval"):
+        import torch
 
     class Pooled(torch.nn.Module):
         def __init__(self) -> None:
@@ -71,8 +74,9 @@ class OpenVINOModel:
     """
 
     def __init__(self, model: "torch.nn.Module", *, pooling: Literal["mean", "cls"], precision: str, threads: int) -> None:
-        import openvino as ov
-        import torch
+        with requires_extra("dense", "the OpenVINO encoder backend"):
+            import openvino as ov
+            import torch
 
         if precision not in PRECISION_HINTS:
             raise ValueError(f"precision must be one of {sorted(PRECISION_HINTS)}, got {precision!r}")

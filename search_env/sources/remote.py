@@ -15,26 +15,35 @@ the same moment from different threads. Each HTTP round trip costs far more than
 the same request (and a dense retriever encodes a batch much faster than its queries one by one), so
 :class:`RemoteSource` queues concurrent calls and sends whatever has queued while its sender threads
 were busy as one request ("natural batching": no added wait when the client is idle).
+
+Why a deadline per call: socket timeouts bound each read, not a request, so a server that sends a
+byte a second (or a proxy that keeps a connection alive) would hold a training step for as long as
+it likes. ``timeout_s`` is the most a ``search`` call waits, queueing, connecting, retries and
+backoff included; when it runs out the call raises :class:`SourceError` (an error observation in the
+environment) and the request still in flight is cut by shutting its socket.
 """
 from __future__ import annotations
 
 import collections
+import http.client
 import json
+import socket
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError, NewConnectionError
-from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from search_env.data.corpus import split_wiki18_contents
 from search_env.sources.base import Passage, Source, SourceError
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "RemoteSource",
     "document_to_passage",
     "format_contents",
@@ -123,16 +132,41 @@ def _retrieve_url(url: str) -> str:
     return urlunsplit(parts)
 
 
-@dataclass
+DEFAULT_TIMEOUT_S = 5.0
+"""Default deadline of one ``search`` call. A healthy retrieval server answers a batch in well under a
+second; five seconds leave room for a cold cache or a queue on the server, and cap what a hung server
+costs a training step (it was 30 s with per-read timeouts of 10 s and three attempts)."""
+
+_HEADERS = {"Content-Type": "application/json"}
+_RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final
+
+
+@dataclass(eq=False)
 class _Call:
-    """One ``search`` call waiting for a sender thread."""
+    """One ``search`` call: its queries, its deadline (``time.monotonic()``) and its result."""
 
     queries: list[str]
     k: int
-    future: Future
+    deadline: float
+    future: Future = field(default_factory=Future)
+    batch: _Batch | None = None  # set when a sender takes the call
 
 
-_RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final
+@dataclass(eq=False)
+class _Batch:
+    """Calls that one sender sends together. ``waiting`` counts callers that have not given up;
+    ``sock`` is the socket of the request in flight (None between requests), which :func:`_abort`
+    shuts down; ``aborted`` tells the sender to stop."""
+
+    calls: list[_Call]
+    waiting: int
+    sock: socket.socket | None = None
+    aborted: bool = False
+
+    @property
+    def deadline(self) -> float:
+        """The latest caller's deadline: earlier callers stop waiting on their own."""
+        return max(call.deadline for call in self.calls)
 
 
 class RemoteSource(Source):
@@ -141,10 +175,13 @@ class RemoteSource(Source):
     Args:
         url: the server's ``/retrieve`` URL (or its base URL).
         name: the source name the environment and NL-DAG plans use.
-        timeout_s: connect and read timeout of one HTTP attempt.
-        retries: further attempts after a failed one (connection error, timeout, 5xx, 408/429,
-            malformed reply), with exponential backoff from ``backoff_s``. Other 4xx replies are
-            not retried: the request itself is wrong.
+        timeout_s: deadline of one ``search`` call, everything included (waiting for a free sender,
+            connecting, every attempt and the backoff between them); default
+            :data:`DEFAULT_TIMEOUT_S` (5 s). Past it the call raises :class:`SourceError`.
+        retries: further attempts after a failed one (connection error, 5xx, 408/429, malformed
+            reply), with exponential backoff from ``backoff_s``, as long as the deadline allows.
+            Other 4xx replies are not retried: the request itself is wrong. A server that does not
+            answer uses the whole deadline in one attempt.
         max_batch: most queries in one HTTP request; concurrent calls are merged up to this size
             and a larger call is sent in several requests.
         max_in_flight: sender threads, i.e. requests that may be under way at once. Calls arriving
@@ -152,9 +189,9 @@ class RemoteSource(Source):
         backoff_s: wait before the first retry; doubled for each later one.
 
     ``search`` is thread-safe. Every failure reaches the caller as :class:`SourceError`. Sender
-    threads start on the first search and stop in :meth:`close`. They share a pool of keep-alive
-    connections (urllib3, one connection per sender): on a 2-core machine, requests' extra layers
-    cost about twice urllib3's CPU time per request, which is the whole budget of a BM25 query.
+    threads start on the first search and stop in :meth:`close`; each keeps one keep-alive
+    connection (urllib3's: on a 2-core machine, requests' extra layers cost about twice urllib3's
+    CPU time per request, which is the whole budget of a BM25 query).
     """
 
     def __init__(
@@ -162,7 +199,7 @@ class RemoteSource(Source):
         url: str,
         *,
         name: str = "remote",
-        timeout_s: float = 10.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = 2,
         max_batch: int = 64,
         max_in_flight: int = 2,
@@ -177,9 +214,8 @@ class RemoteSource(Source):
         self.url = _retrieve_url(url)
         parts = urlsplit(self.url)
         self._path = f"{parts.path}?{parts.query}" if parts.query else parts.path
-        self._pool = urllib3.connection_from_url(
-            self.url, maxsize=max_in_flight, block=True, retries=False, timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s)
-        )
+        self._host, self._port = parts.hostname or "", parts.port
+        self._connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
         self.name = name
         self.timeout_s = timeout_s
         self.retries = retries
@@ -189,17 +225,19 @@ class RemoteSource(Source):
         self._pending: collections.deque[_Call] = collections.deque()
         self._cond = threading.Condition()
         self._senders: list[threading.Thread] = []
+        self._in_flight: set[_Batch] = set()
         self._closed = False
         self.requests_sent = 0  # HTTP attempts, for tests and benchmarks that check batching
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
-        """Retrieve at most ``k`` passages per query; raises SourceError when the server fails."""
+        """Retrieve at most ``k`` passages per query; raises SourceError when the server fails or
+        does not answer within ``timeout_s``."""
         queries = list(queries)
         if not all(isinstance(q, str) for q in queries):
             raise SourceError(f"source {self.name!r}: every query must be a string")
         if not queries or k <= 0:
             return [[] for _ in queries]
-        call = _Call(queries, k, Future())
+        call = _Call(queries, k, time.monotonic() + self.timeout_s)
         with self._cond:
             if self._closed:
                 raise SourceError(f"source {self.name!r} is closed")
@@ -207,21 +245,40 @@ class RemoteSource(Source):
             if len(self._senders) < self.max_in_flight:
                 self._start_sender()
             self._cond.notify()
-        return call.future.result()
+        try:
+            return call.future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            self._give_up(call)
+        raise SourceError(f"source {self.name!r}: no reply within {self.timeout_s:g} s from {self.url}")
 
     def close(self) -> None:
-        """Stop the sender threads; calls still queued fail with SourceError."""
+        """Stop the sender threads: calls still queued fail with SourceError, requests in flight are cut."""
         with self._cond:
             self._closed = True
             abandoned = list(self._pending)
             self._pending.clear()
+            for batch in self._in_flight:
+                _abort(batch)
             self._cond.notify_all()
             senders = list(self._senders)
         for call in abandoned:
-            call.future.set_exception(SourceError(f"source {self.name!r} was closed before the call was sent"))
+            if call.future.set_running_or_notify_cancel():
+                call.future.set_exception(SourceError(f"source {self.name!r} was closed before the call was sent"))
         for thread in senders:
-            thread.join(timeout=self.timeout_s * (self.retries + 1) + 1.0)
-        self._pool.close()
+            thread.join(timeout=self.timeout_s + 1.0)
+
+    def _give_up(self, call: _Call) -> None:
+        """The caller's deadline passed: drop the call if it is still queued; cut its request if no
+        other caller of the batch still waits for it."""
+        with self._cond:
+            if call.future.cancel():  # still queued: senders skip it
+                return
+            batch = call.batch
+            if batch is None:
+                return
+            batch.waiting -= 1
+            if batch.waiting == 0:
+                _abort(batch)
 
     def _start_sender(self) -> None:
         thread = threading.Thread(target=self._sender_loop, name=f"RemoteSource-{self.name}-{len(self._senders)}", daemon=True)
@@ -229,78 +286,129 @@ class RemoteSource(Source):
         thread.start()
 
     def _sender_loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                batch = self._take_batch()
-            self._send(batch)
+        connection = self._connection_class(self._host, self._port, timeout=self.timeout_s)
+        try:
+            while True:
+                with self._cond:
+                    while not self._pending and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    batch = self._take_batch()
+                if batch is not None:
+                    self._send(batch, connection)
+        finally:
+            connection.close()
 
-    def _take_batch(self) -> list[_Call]:
-        """The oldest call plus every queued call with the same k, up to ``max_batch`` queries."""
-        first = self._pending.popleft()
-        batch, size = [first], len(first.queries)
+    def _take_batch(self) -> _Batch | None:
+        """The oldest live call plus every queued call with the same k, up to ``max_batch`` queries
+        (called under ``self._cond``, as cancellation is, so a call is either sent or cancelled)."""
+        calls: list[_Call] = []
+        size = 0
         kept: collections.deque[_Call] = collections.deque()
         while self._pending:
             call = self._pending.popleft()
-            if call.k == first.k and size + len(call.queries) <= self.max_batch:
-                batch.append(call)
-                size += len(call.queries)
-            else:
+            if call.future.cancelled():
+                continue
+            if calls and (call.k != calls[0].k or size + len(call.queries) > self.max_batch):
                 kept.append(call)
+                continue
+            call.future.set_running_or_notify_cancel()
+            calls.append(call)
+            size += len(call.queries)
         self._pending = kept
+        if not calls:
+            return None
+        batch = _Batch(calls, waiting=len(calls))
+        for call in calls:
+            call.batch = batch
         return batch
 
-    def _send(self, batch: list[_Call]) -> None:
-        flat = [q for call in batch for q in call.queries]
+    def _send(self, batch: _Batch, connection: HTTPConnection) -> None:
+        flat = [q for call in batch.calls for q in call.queries]
         try:
             results: list[list[Passage]] = []
             for start in range(0, len(flat), self.max_batch):
-                results.extend(self._post(flat[start : start + self.max_batch], batch[0].k))
+                results.extend(self._post(flat[start : start + self.max_batch], batch, connection))
         except Exception as exc:  # every caller must hear back, whatever went wrong
             message = str(exc) if isinstance(exc, SourceError) else f"source {self.name!r}: {exc!r}"
-            for call in batch:  # one exception object per caller: each raises it on its own thread
+            for call in batch.calls:  # one exception object per caller: each raises it on its own thread
                 call.future.set_exception(SourceError(message))
             return
         offset = 0
-        for call in batch:
+        for call in batch.calls:
             call.future.set_result(results[offset : offset + len(call.queries)])
             offset += len(call.queries)
 
-    def _post(self, queries: list[str], k: int) -> list[list[Passage]]:
-        body = json.dumps({"queries": queries, "topk": k, "return_scores": True}).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
-        problem = "no attempt was made"
+    def _post(self, queries: list[str], batch: _Batch, connection: HTTPConnection) -> list[list[Passage]]:
+        body = json.dumps({"queries": queries, "topk": batch.calls[0].k, "return_scores": True}).encode("utf-8")
+        problem = f"no reply within {self.timeout_s:g} s"
+        attempts = 0
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(max(0.0, min(self.backoff_s * 2 ** (attempt - 1), batch.deadline - time.monotonic())))
+            remaining = batch.deadline - time.monotonic()
+            if remaining <= 0:
+                break
             with self._cond:
+                if batch.waiting == 0 or self._closed:
+                    break
                 self.requests_sent += 1
+                self._in_flight.add(batch)
+            attempts += 1
             try:
-                reply = self._pool.urlopen("POST", self._path, body=body, headers=headers)
-            except NewConnectionError as exc:  # (a subclass of urllib3's timeout error: test it first)
-                problem = f"cannot reach the server ({exc})"
+                status, data = self._exchange(connection, body, remaining, batch)
+            except (OSError, http.client.HTTPException, HTTPError) as exc:
+                connection.close()  # its state is unknown; the next attempt opens a new one
+                if time.monotonic() >= batch.deadline or batch.aborted:
+                    problem = f"no reply within {self.timeout_s:g} s"
+                elif isinstance(exc, NewConnectionError):
+                    problem = f"cannot reach the server ({exc})"
+                else:
+                    problem = f"cannot reach the server ({type(exc).__name__}: {exc})"
                 continue
-            except Urllib3Timeout:
-                problem = f"no reply within {self.timeout_s} s"
-                continue
-            except HTTPError as exc:
-                problem = f"cannot reach the server ({type(exc).__name__}: {exc})"
-                continue
-            if 400 <= reply.status < 500 and reply.status not in _RETRIED_CLIENT_STATUSES:
-                raise SourceError(f"source {self.name!r}: {self.url} rejected the request with HTTP {reply.status}: {_reply_detail(reply.data)}")
-            if reply.status != 200:
-                problem = f"HTTP {reply.status}: {_reply_detail(reply.data)}"
+            finally:
+                with self._cond:
+                    batch.sock = None
+                    self._in_flight.discard(batch)
+            if 400 <= status < 500 and status not in _RETRIED_CLIENT_STATUSES:
+                raise SourceError(f"source {self.name!r}: {self.url} rejected the request with HTTP {status}: {_reply_detail(data)}")
+            if status != 200:
+                problem = f"HTTP {status}: {_reply_detail(data)}"
                 continue
             try:
-                results = parse_retrieve_response(json.loads(reply.data), len(queries))
+                results = parse_retrieve_response(json.loads(data), len(queries))
             except ValueError as exc:  # includes a body that is not JSON (or not UTF-8)
                 problem = f"malformed reply: {exc}"
                 continue
-            return [row[:k] for row in results]
-        raise SourceError(f"source {self.name!r}: {self.url} failed after {self.retries + 1} attempt(s): {problem}")
+            return [row[: batch.calls[0].k] for row in results]
+        raise SourceError(f"source {self.name!r}: {self.url} failed after {attempts} attempt(s): {problem}")
+
+    def _exchange(self, connection: HTTPConnection, body: bytes, timeout_s: float, batch: _Batch) -> tuple[int, bytes]:
+        """One request and its whole reply. Each socket operation waits at most ``timeout_s``; the
+        batch's deadline as a whole is kept by the callers, who cut the socket (:func:`_abort`)."""
+        if connection.sock is not None and not connection.is_connected:
+            connection.close()  # the server closed the idle keep-alive connection
+        connection.timeout = timeout_s
+        connection.request("POST", self._path, body=body, headers=_HEADERS)
+        with self._cond:
+            # Kept here rather than read from the connection later: a reply with "Connection: close"
+            # takes the socket over from the connection while its body is still being read.
+            batch.sock = connection.sock
+            if batch.aborted:  # cut while connecting, before there was a socket to shut
+                raise TimeoutError("the call's deadline passed")
+        reply = connection.getresponse()
+        return reply.status, reply.data
+
+
+def _abort(batch: _Batch) -> None:
+    """Cut the batch's request in flight: a blocked read or write on its socket returns at once."""
+    batch.aborted = True
+    if batch.sock is not None:
+        try:
+            batch.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
 
 
 def _reply_detail(data: bytes, limit: int = 300) -> str:

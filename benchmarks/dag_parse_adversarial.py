@@ -1,0 +1,180 @@
+"""Reading and validating hostile NL-DAG plans: every shape of 100 KB block we could think of.
+
+A model under RL can put anything inside a call tag, and the environment parses and validates it on
+the step path, so the cost must stay linear in the text and small: the target is under 50 ms for a
+100 KB plan of any shape. The set below covers long label groups (whose edge product once made the
+reader quadratic), many edges and nodes, deep nesting, long lines, text without newlines, runs of
+separators and arrows, full-width and other Unicode text, and random text; each is built to about
+``--size`` characters.
+
+For each plan the table gives the median of ``--repeats`` runs of ``parse_plan`` + ``validate_plan``,
+and ``x4``: the fastest run divided by the fastest run at a quarter of the size (about 4 when linear,
+16 when quadratic; below 4 where a reading limit stops work early; the fastest run is the least
+disturbed by other load, and still noisy for plans that take well under a millisecond).
+
+Run: ``python -m benchmarks.dag_parse_adversarial`` (``--help`` for options).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from search_env.console import HelpFormatter
+from search_env.dag import parse_plan, validate_plan
+
+KNOWN_SOURCES = ("news", "general", "academy")
+TARGET_MS = 50.0
+
+
+def _labels(count: int, prefix: str = "") -> list[str]:
+    """``count`` distinct labels (``A``, ``B``, … ``Z``, ``A0`` … ``Z999``), optionally all on one letter."""
+    if prefix:
+        return [prefix] + [f"{prefix}{i}" for i in range(min(count, 1000) - 1)]
+    plain = [chr(65 + i) for i in range(26)]
+    numbered = [f"{chr(65 + i % 26)}{i // 26}" for i in range(26 * 1000)]
+    return (plain + numbered)[:count]
+
+
+def _repeat(unit: str, size: int) -> str:
+    return unit * max(1, size // len(unit))
+
+
+def _random_text(size: int, alphabet: str, seed: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice(alphabet) for _ in range(size))
+
+
+def _group_block(size: int, width: int, separator: str) -> str:
+    """Lines of ``width`` distinct parents -> ``width`` distinct children, repeated: all edges known
+    after the first line, so each later line is pure re-statement."""
+    parents, children = _labels(width, "P"), _labels(width, "C")
+    return "Edges:\n" + _repeat(f"{separator.join(parents)} -> {separator.join(children)}\n", size)
+
+
+def adversarial_plans(size: int, seed: int = 0) -> dict[str, str]:
+    """The adversarial set, each plan about ``size`` characters, keyed by a short description."""
+    half = size // 2
+    distinct_nodes = "".join(f"{label}: sub-question {label} (News)\n" for label in _labels(size // 24))
+    cycle_labels = _labels(1024)
+    shapes: dict[str, Callable[[], str]] = {
+        # label groups: the product of the two sides
+        "group A A .. -> B B ..": lambda: "Edges:\n" + "A " * (half // 2) + "-> " + "B " * (half // 2),
+        "group A,A,.. -> B,B,..": lambda: "Edges:\n" + "A," * (half // 2) + " -> " + "B," * (half // 2),
+        "group A&A&.. -> B&B&..": lambda: "A&" * (half // 2) + "->" + "B&" * (half // 2),
+        "group distinct labels": lambda: "Edges:\n" + " ".join(_labels(size // 8)) + " -> " + " ".join(_labels(size // 8)[::-1]),
+        "group 32x32 per line": lambda: _group_block(size, 32, " "),
+        "group 8x8 per line": lambda: _group_block(size, 8, ", "),
+        "group chain A B -> C D ->": lambda: "Edges:\n" + _repeat("A B -> C D -> ", size) + "E",
+        "groups with fillers": lambda: "Edges:\n" + _repeat("Node A and node B & C + D -> nodes E, F ; ", size),
+        # many edges
+        "chain distinct labels": lambda: "Edges:\n" + " -> ".join(_labels(size // 7)),
+        "chain A -> B -> A ..": lambda: "Edges:\n" + _repeat("A -> B -> ", size) + "A",
+        "edge lines repeated": lambda: "Edges:\n" + _repeat("A -> B\n", size),
+        "edge lines distinct": lambda: "Edges:\n" + "".join(f"{a} -> {b}\n" for a, b in zip(_labels(size // 12), _labels(size // 12)[1:])),
+        "edge lines no spaces": lambda: _repeat("A->B\n", size),
+        "statements a->b, c->d;": lambda: _repeat("a -> b, c -> d; ", size),
+        "many small cycles": lambda: "Edges:\n" + "".join(f"{a} -> {b} -> {a}\n" for a, b in zip(_labels(size // 16)[::2], _labels(size // 16)[1::2])),
+        "one 1024-node cycle": lambda: "Nodes:\n" + "".join(f"{label}: q (News)\n" for label in cycle_labels)
+        + "Edges:\n" + " -> ".join(cycle_labels + cycle_labels[:1]) + "\n" + _repeat("x", max(0, size - 30_000)),
+        # many nodes
+        "node lines repeated": lambda: "Nodes:\n" + _repeat("A: q (News)\n", size),
+        "node lines distinct": lambda: "Nodes:\n" + distinct_nodes,
+        "nodes unknown sources": lambda: "Nodes:\n" + distinct_nodes.replace("(News)", "(Elsewhere)"),
+        "nodes without headers": lambda: distinct_nodes,
+        "nodes missing sources": lambda: "Nodes:\n" + "".join(f"{label}: q\n" for label in _labels(size // 8)),
+        # long lines, no newlines
+        "one huge query": lambda: "Nodes:\nA: " + _repeat("why ", size) + "(News)\nEdges:\nA -> A",
+        "whole plan on one line": lambda: _repeat("Nodes: A: x (News) B: y {A} (General) Edges: A -> B ; ", size),
+        "label soup no arrow": lambda: "Edges:\n" + _repeat("A1 ", size),
+        "label soup then arrow": lambda: _repeat("A1 ", size) + "-> B",
+        "prose one line": lambda: _repeat("the model thinks aloud about its plan ", size),
+        # nesting and brackets
+        "nested parentheses": lambda: "A: " + "(" * half + "x" + ")" * half + " (News)",
+        "open brackets": lambda: "A: " + "(" * size + ")",
+        "nested mixed brackets": lambda: "Nodes:\nA: " + "([{（【" * (size // 10) + "x" + "】）}])" * (size // 10) + " [News]",
+        "braces {A{A{A": lambda: "A: " + "{A" * half + " (News)",
+        # separators and arrows
+        "dash run in a node": lambda: "A: " + "-" * size,
+        "dash run in edges": lambda: "Edges:\nA " + "-" * size + " B",
+        "arrow soup ->->->": lambda: "Edges:\n" + _repeat("->", size),
+        "mixed arrow runs": lambda: "Edges:\nA " + _repeat("-=—－>⟶⇒→", size) + " B",
+        "colons": lambda: ":" * size,
+        "semicolons in edges": lambda: "Edges:\nA -> B" + ";" * size,
+        "commas in edges": lambda: "Edges:\nA" + "," * size + "-> B",
+        "ampersands": lambda: "Edges:\n" + "& " * half + "-> B",
+        # whitespace and lines
+        "blank lines": lambda: "\n" * size,
+        "CRLF and unicode breaks": lambda: _repeat("A: q (News)\r\n\u2028B -> A\x85\u2029", size),
+        "space run": lambda: "Edges:" + " " * size + "x",
+        "tabs and ideographic spaces": lambda: "Nodes:\n" + _repeat("\t\u3000 ", size) + "A: x (News)",
+        "prose lines": lambda: _repeat("x\n", size),
+        "prose lines distinct": lambda: "".join(f"w{i}\n" for i in range(size // 6)),
+        "bad node lines": lambda: "Nodes:\n" + _repeat("x\n", size),
+        "bad edge statements": lambda: "Edges:\n" + _repeat("A -> ; ", size),
+        "empty-edge markers": lambda: "Edges:\n" + _repeat("none\n", size),
+        "headers repeated": lambda: _repeat("Nodes:\nEdges:\n", size),
+        "markdown headers": lambda: _repeat("**Nodes:**\n### Edges\n", size),
+        "code fences": lambda: _repeat("```\n", size),
+        "bullets and numbering": lambda: "".join(f"- 1. Node {label}: q (News)\n" for label in _labels(size // 26)),
+        "bullet run": lambda: "Nodes:\n" + "- " * half + "A: x (News)",
+        "numbering run": lambda: "Nodes:\n" + "1. " * (size // 3) + "A: x (News)",
+        # unicode
+        "full-width plan": lambda: _repeat("Ａ：", size),
+        "full-width punctuation": lambda: "Nodes：\n" + "".join(f"{label}：問題（News）\n" for label in _labels(size // 14)) + "Edges：\nA → B；",
+        "CJK queries": lambda: "Nodes:\n" + "".join(f"{label}: 美国关税对消费者价格指数的影响 (新闻)\n" for label in _labels(size // 30)),
+        "emoji and combining marks": lambda: "Nodes:\nA: " + _repeat("🙂e\u0301\u200d", size) + " (News)",
+        "right-to-left text": lambda: "Nodes:\n" + _repeat("A: ما هو تأثير الرسوم (News)\n", size),
+        # random text
+        "random printable": lambda: _random_text(size, "".join(map(chr, range(32, 127))) + "\n", seed),
+        "random plan alphabet": lambda: _random_text(size, "AaBbZz019 :;,.-=>()[]{}（）【】：；，、→⟶#*\n\t&+", seed + 1),
+        "random labels and arrows": lambda: _random_text(size, "AB1 ->,;\n", seed + 2),
+    }
+    return {name: make() for name, make in shapes.items()}
+
+
+def parse_and_validate(text: str) -> int:
+    """What the environment does with a call's content; returns the number of violations."""
+    return len(validate_plan(parse_plan(text), known_sources=KNOWN_SOURCES))
+
+
+def run_ms(text: str, repeats: int) -> list[float]:
+    """Wall time of each of ``repeats`` runs, in milliseconds."""
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        parse_and_validate(text)
+        times.append((time.perf_counter() - began) * 1000)
+    return times
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dag_parse_adversarial", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--size", type=int, default=100_000, help="characters per plan (about)")
+    parser.add_argument("--repeats", type=int, default=7, help="runs per plan (median taken)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random-text plans")
+    args = parser.parse_args(argv)
+
+    plans = adversarial_plans(args.size, args.seed)
+    quarter = adversarial_plans(args.size // 4, args.seed)
+    print(f"parse_plan + validate_plan on {len(plans)} adversarial plans of about {args.size // 1000} KB; "
+          f"median of {args.repeats} runs; target < {TARGET_MS:g} ms")
+    print(f"{'plan':<28}{'chars':>8}{'lines':>7}{'violations':>11}{'median ms':>11}{'x4':>7}")
+    medians = []
+    for name, text in plans.items():
+        times = run_ms(text, args.repeats)
+        median = statistics.median(times)
+        growth = min(times) / max(min(run_ms(quarter[name], args.repeats)), 1e-6)
+        medians.append(median)
+        flag = "" if median < TARGET_MS else "  over target"
+        print(f"{name:<28}{len(text):>8}{text.count(chr(10)) + 1:>7}{parse_and_validate(text):>11}"
+              f"{median:>11.2f}{growth:>7.1f}{flag}")
+    over = sum(median >= TARGET_MS for median in medians)
+    print(f"slowest {max(medians):.2f} ms, median of the medians {statistics.median(medians):.2f} ms, "
+          f"{over} of {len(medians)} plans at or over {TARGET_MS:g} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The names users look for are where they look: the package root, search_env.data and search_env.wrappers."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import search_env
+from search_env.data.example import QAExample
+from search_env.data.loaders import load_dataset
+from search_env.wrappers.fixed_window import FixedWindowObservation
+from search_env.wrappers.full_context import FullContextObservation
+
+
+def test_the_root_exports_datasets_and_wrappers() -> None:
+    assert search_env.QAExample is QAExample and search_env.load_dataset is load_dataset
+    assert search_env.FixedWindowObservation is FixedWindowObservation
+    assert search_env.FullContextObservation is FullContextObservation
+    assert search_env.data.load_dataset is load_dataset and search_env.wrappers.FixedWindowObservation is FixedWindowObservation
+
+
+@pytest.mark.parametrize("module", ["search_env", "search_env.data", "search_env.wrappers", "search_env.sources", "rewards"])
+def test_every_exported_name_exists(module: str) -> None:
+    imported = importlib.import_module(module)
+    missing = [name for name in imported.__all__ if not hasattr(imported, name)]
+    assert missing == []
