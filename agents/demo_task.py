@@ -1,0 +1,61 @@
+"""The embedded demo task: what a tiny policy trained from scratch learns on a CPU in minutes.
+
+Two choices make the task learnable at that size, and both are measured in ``benchmarks/learning.py``:
+
+* a compact dialect of Search-R1 (:data:`COMPACT_SEARCH_R1`): the same tags, stop strings and reward
+  (EM of the last ``<answer>``), but a one-line prompt and results without the ``Doc i(Title: ...)``
+  prefixes. A model trained from scratch gets nothing from instruction text, and every token of
+  context costs it compute: an episode is about half as long as with Search-R1's 279-token prompt;
+* a *large* world (:func:`demo_world`): with the default world's ~125 entities, a 1M-parameter model
+  memorises the training world's questions and answers (its loss goes to ~0.03) and scores 0 on a world
+  with another seed; with ten times the entities it cannot, and learns to copy names from the question
+  and the results instead, which is what carries over to a world it has never seen.
+
+Questions are chain questions (1 and 2 lookups): comparisons and yes/no checks need reasoning over two
+results that a model of this size does not learn in minutes.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from search_env.data.example import QAExample
+from search_env.protocols import Protocol, available_protocols, get_protocol, register_protocol
+from search_env.sources.base import Passage, Source
+
+__all__ = ["COMPACT_SEARCH_R1", "demo_world"]
+
+
+def _passage_texts(passages: Sequence[Passage]) -> str:
+    return "".join(f"{p.text}\n" for p in passages)
+
+
+COMPACT_SEARCH_R1: Protocol = get_protocol("search-r1").with_options(
+    name="search-r1-compact",
+    user_template="Question: {question}\n",
+    result_prefix="\n<information>",
+    result_suffix="</information>\n",
+    format_docs=_passage_texts,
+    error_template="\n<information>{message}</information>\n",
+)
+"""Search-R1's tags and reward with a one-line prompt and title-less results (see the module docstring)."""
+
+if COMPACT_SEARCH_R1.name not in available_protocols():
+    register_protocol(COMPACT_SEARCH_R1)
+
+
+def demo_world(seed: int, n_questions: int, *, scale: int = 10, max_hops: int = 2) -> tuple[list[QAExample], dict[str, Source]]:
+    """A synthetic world of chain questions (1..``max_hops`` lookups) with ``scale`` times the default
+    world's entities, and its sources: BM25 over each world source plus ``"all"`` over every passage."""
+    from search_env.sources.bm25 import BM25Source
+    from search_env.synthetic import WorldConfig, generate_world
+
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+    base = WorldConfig(max_hops=max_hops, comparison_fraction=0.0, yes_no_fraction=0.0)
+    config = replace(base, **{f"n_{kind}": getattr(base, f"n_{kind}") * scale
+                              for kind in ("people", "companies", "cities", "countries", "universities", "journals")})
+    world = generate_world(seed=seed, n_questions=n_questions, config=config)
+    sources: dict[str, Source] = {name: BM25Source(passages, name=name) for name, passages in world.sources.items()}
+    sources["all"] = BM25Source(world.passages(), name="all")
+    return list(world.questions), sources

@@ -1,0 +1,105 @@
+"""GRPO: no critic; each response's advantage is its score relative to the other samples of its
+question (group), shared by all its trained tokens. Dr. GRPO and DAPO are settings of the same class:
+
+* Dr. GRPO: ``scale_rewards=False`` and ``loss_agg_mode="seq-mean-token-sum-norm"`` (no std division,
+  no length normalisation: both bias the update towards particular questions and lengths);
+* DAPO: ``clip_high=0.28`` (clip-higher), ``dynamic_sampling=True`` (drop all-equal groups),
+  ``overlong_buffer > 0`` (soft overlong punishment), with ``loss_agg_mode="token-mean"``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from agents.config import TrainConfig
+from agents.learners.advantages import filter_groups, grpo_advantages, overlong_penalty
+from agents.learners.base import Algorithm, check_train_config
+
+if TYPE_CHECKING:
+    from agents.batch import TrainBatch
+
+__all__ = ["GRPO", "GRPOConfig"]
+
+
+@dataclass
+class GRPOConfig(TrainConfig):
+    """GRPO's settings (every :class:`agents.config.TrainConfig` field, plus the options below).
+
+    Defaults are Search-R1's GRPO run (``train_grpo.sh``; ReSearch and R-Search use the same group
+    size and KL) unless said.
+
+    Attributes:
+        scale_rewards: divide the group-centred score by the group's std (GRPO); False is Dr. GRPO's
+            "no std" (the centred score only).
+        dynamic_sampling: DAPO's dynamic sampling: drop question groups whose samples all scored the
+            same before the update (they carry no gradient). The trainer keeps what is left.
+        overlong_buffer: DAPO's soft overlong punishment over the last ``overlong_buffer`` agent tokens
+            of the ``max_new_tokens`` budget (0: off).
+        overlong_penalty_factor: the punishment at and beyond the budget (DAPO: 1.0).
+    """
+
+    algo: str = "grpo"
+    group_size: int = 5  # Search-R1 actor_rollout_ref.rollout.n_agent=5 (ReSearch and R-Search: 5 too)
+    kl_coef: float = 0.001  # Search-R1 actor.kl_loss_coef
+    kl_estimator: str = "k3"  # Search-R1 actor.kl_loss_type=low_var_kl (k3)
+    kl_in_reward: bool = False  # GRPO's KL is a loss term (actor.use_kl_loss=true)
+    entropy_coef: float = 0.001  # verl's actor.entropy_coeff in Search-R1's ppo_trainer.yaml
+    scale_rewards: bool = True  # GRPO (DeepSeekMath); Dr. GRPO: False
+    dynamic_sampling: bool = False  # DAPO: True
+    overlong_buffer: int = 0  # DAPO: 4096 of a 20480-token budget
+    overlong_penalty_factor: float = 1.0  # DAPO
+
+    def __post_init__(self) -> None:
+        check_train_config(self, "grpo")
+        if self.group_size < 2:
+            raise ValueError(f"GRPO compares samples of a question: group_size must be >= 2, got {self.group_size}")
+        if not 0 <= self.overlong_buffer <= self.max_new_tokens:
+            raise ValueError(f"overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}], got {self.overlong_buffer}")
+
+
+def agent_lengths(batch: TrainBatch) -> torch.Tensor:
+    """(B,) agent tokens per row: what the ``max_new_tokens`` budget counts (environment tokens don't)."""
+    return torch.tensor([int(t.agent_mask.sum()) for t in batch.trajectories], dtype=torch.long)
+
+
+class GRPO(Algorithm):
+    """Group-relative policy optimisation (and its Dr. GRPO / DAPO variants, see the module docstring)."""
+
+    name = "grpo"
+    config_class = GRPOConfig
+    config: GRPOConfig
+
+    def shaped_scores(self, batch: TrainBatch) -> torch.Tensor:
+        """(B,) the scores the groups compare: ``batch.scores`` plus the overlong penalty when it is on."""
+        scores = batch.scores.to(batch.token_rewards.dtype)  # the per-token float type of the batch
+        if self.config.overlong_buffer > 0:
+            penalty = overlong_penalty(
+                agent_lengths(batch), self.config.max_new_tokens, self.config.overlong_buffer,
+                self.config.overlong_penalty_factor,
+            )
+            scores = scores + penalty.to(scores)
+        return scores
+
+    def filter_batch(self, batch: TrainBatch) -> TrainBatch:
+        """With ``dynamic_sampling``, the rows of groups whose shaped scores differ (may be empty)."""
+        if not self.config.dynamic_sampling:
+            return batch
+        keep = filter_groups(self.shaped_scores(batch), batch.group_index)
+        return batch.select(torch.nonzero(keep).squeeze(1))
+
+    def compute_advantages(self, batch: TrainBatch) -> dict[str, float]:
+        """Group-normalised shaped scores on every trained token; with ``kl_in_reward`` the score is first
+        reduced by kl_coef x the row's summed KL (verl's GRPO with a KL reward)."""
+        shaped = self.shaped_scores(batch)
+        scores = shaped
+        kl_rewards = self.kl_rewards(batch)
+        if kl_rewards is not None:
+            scores = scores + kl_rewards.sum(dim=1)
+        batch.advantages = grpo_advantages(scores, batch.group_index, batch.trained_mask, scale=self.config.scale_rewards)
+        stats = self._advantage_stats(batch, kl_rewards)
+        stats["groups/informative_frac"] = float(filter_groups(scores, batch.group_index).float().mean()) if len(batch) else 0.0
+        if self.config.overlong_buffer > 0 and len(batch):
+            stats["score/overlong_penalty"] = float((shaped - batch.scores.to(shaped.dtype)).mean())
+        return stats

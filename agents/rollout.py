@@ -1,0 +1,271 @@
+"""Multi-turn rollouts: many episodes at once over :class:`search_env.BatchSearchQAEnv`, and the learner's batch.
+
+:func:`collect_rollouts` drives any :class:`~agents.interface.RolloutAgent`: it asks the running rows
+for a chunk (up to a stop string, EOS or the row's budget), hands every chunk to the environment in one
+batched ``step`` (so each source answers one batch of queries), feeds each row the tokens the
+environment appended, and repeats until every episode has ended. Every turn is checked token-in/
+token-out: the environment consumed the chunk's ids as given, and what it appended is environment text;
+at the end each trajectory's ids equal the prompt, chunks and environment tokens exactly as handed
+around. :func:`build_batch` turns trajectories into a right-padded :class:`~agents.batch.TrainBatch`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from agents.batch import TrainBatch
+from agents.interface import RolloutAgent
+from agents.policy import position_ids_from_mask
+from search_env import BatchSearchQAEnv
+from search_env.data.example import QAExample
+from search_env.trajectory import AGENT, Trajectory
+
+__all__ = ["Rollout", "RolloutTimings", "collect_rollouts", "build_batch"]
+
+_TRUNCATIONS = ("max_new_tokens", "max_context")
+
+
+@dataclass
+class RolloutTimings:
+    """Where a rollout's wall time went, in seconds.
+
+    Attributes:
+        generation_s: inside the agent (sampling, feeding environment tokens to its cache).
+        env_s: inside the environment's ``reset``/``step``, search excluded (tag scanning, encoding
+            results, rewards).
+        search_s: searching: per batched step, the time its search round took (see ``_search_time``; the
+            episodes' own call durations overlap and also hold other episodes' stepping).
+        total_s: the whole of :func:`collect_rollouts`; the rest is the rollout's own bookkeeping.
+    """
+
+    generation_s: float = 0.0
+    env_s: float = 0.0
+    search_s: float = 0.0
+    total_s: float = 0.0
+
+    def shares(self) -> dict[str, float]:
+        """Each part as a fraction of ``total_s`` (``other``: what the rollout itself spent)."""
+        total = self.total_s or 1.0
+        other = self.total_s - self.generation_s - self.env_s - self.search_s
+        return {"generation": self.generation_s / total, "env": self.env_s / total, "search": self.search_s / total,
+                "other": other / total}
+
+
+@dataclass
+class Rollout:
+    """The episodes of one :func:`collect_rollouts` call, question-major (the samples of a question are
+    consecutive).
+
+    Attributes:
+        trajectories: the environment's records, the single truth for rewards, logs and training.
+        group_ids: per episode, the id of its question (the example id): the group of group baselines.
+        timings: where the time went.
+        sampled_logprobs: per episode, token-aligned with ``token_ids``: the log-prob the agent gave each
+            id it sampled (0.0 on prompt and environment tokens); ``None`` when the agent gives none.
+    """
+
+    trajectories: list[Trajectory]
+    group_ids: list[str]
+    timings: RolloutTimings = field(default_factory=RolloutTimings)
+    sampled_logprobs: list[list[float]] | None = None
+
+    def stats(self) -> dict[str, float]:
+        """Means over episodes (reward, searches, lengths, how episodes ended) and the time shares."""
+        trajs = self.trajectories
+        rewards = np.array([t.reward for t in trajs], dtype=np.float64)
+        agent_tokens = np.array([sum(t.producers[t.prompt_length :]) for t in trajs], dtype=np.float64)
+        response = np.array([len(t.token_ids) - t.prompt_length for t in trajs], dtype=np.float64)
+        t = self.timings
+        return {
+            "episodes": float(len(trajs)),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "answered": float(np.mean([tr.answer is not None for tr in trajs])),
+            "truncated": float(np.mean([tr.end_reason in _TRUNCATIONS for tr in trajs])),
+            "searches_mean": float(np.mean([len(tr.tool_calls) for tr in trajs])),
+            "agent_tokens_mean": float(agent_tokens.mean()),
+            "response_tokens_mean": float(response.mean()),
+            "agent_tokens_per_s": float(agent_tokens.sum() / t.total_s) if t.total_s else 0.0,
+            **{f"time_{name}": share for name, share in t.shares().items()},
+            "total_s": t.total_s,
+        }
+
+
+def collect_rollouts(
+    agent: RolloutAgent,
+    env: BatchSearchQAEnv,
+    questions: Sequence[int | QAExample],
+    *,
+    group_size: int = 1,
+) -> Rollout:
+    """Run ``group_size`` episodes of ``agent`` on each question and return them with their timings.
+
+    ``questions`` are indices into the environment's dataset or :class:`QAExample` objects. Episodes run
+    ``env.num_envs`` at a time (in waves when there are more). Raises ``RuntimeError`` when an agent's
+    chunk and the environment disagree about where a turn ends (token-in/token-out would be broken).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if not questions:
+        raise ValueError("no questions to roll out")
+    started = time.perf_counter()
+    first = env.envs[0]
+    examples = [first.examples[q] if isinstance(q, (int, np.integer)) else q for q in questions]
+    _check_ids(examples)
+    episodes = [ex for ex in examples for _ in range(group_size)]
+    timings = RolloutTimings()
+    trajectories: list[Trajectory] = []
+    logprobs: list[list[float]] | None = []
+    for start in range(0, len(episodes), env.num_envs):
+        wave = episodes[start : start + env.num_envs]
+        wave_trajs, wave_logprobs = _run_wave(agent, env, wave, timings)
+        trajectories += wave_trajs
+        logprobs = None if logprobs is None or wave_logprobs is None else logprobs + wave_logprobs
+    timings.search_s = _search_time(trajectories)
+    timings.env_s -= timings.search_s
+    timings.total_s = time.perf_counter() - started
+    return Rollout(trajectories, [ex.id for ex in episodes], timings, logprobs)
+
+
+def _check_ids(examples: list[QAExample]) -> None:
+    """Groups are keyed by example id, so one id must not name two different questions."""
+    seen: dict[str, str] = {}
+    for ex in examples:
+        if seen.setdefault(ex.id, ex.question) != ex.question:
+            raise ValueError(f"example id {ex.id!r} names two different questions; group ids must be unique per question")
+
+
+def _run_wave(
+    agent: RolloutAgent, env: BatchSearchQAEnv, wave: list[QAExample], timings: RolloutTimings
+) -> tuple[list[Trajectory], list[list[float]] | None]:
+    """Run one episode per example of ``wave`` (at most ``env.num_envs``) to its end, turn by turn."""
+    first = env.envs[0]
+    m, n_envs = len(wave), env.num_envs
+    tick = time.perf_counter()
+    obs, _ = env.reset(options=[{"example": ex} for ex in wave] + [{"example": wave[0]}] * (n_envs - m))
+    tock = time.perf_counter()
+    timings.env_s += tock - tick
+    sequences = [list(o["token_ids"]) for o in obs[:m]]
+    logprobs: list[list[float]] | None = [[0.0] * len(s) for s in sequences]
+    agent.begin([list(s) for s in sequences], examples=wave, protocol=first.protocol, codec=first.codec)
+    timings.generation_s += time.perf_counter() - tock
+    generated = [0] * m
+    trajectories: list[Trajectory | None] = [None] * m
+    alive = list(range(m))
+    while alive:
+        budgets = [min(first.max_new_tokens - generated[r], first.max_context - len(sequences[r])) for r in alive]
+        tick = time.perf_counter()
+        chunks = agent.generate(alive, budgets)
+        tock = time.perf_counter()
+        timings.generation_s += tock - tick
+        actions: list[list[int] | None] = [None] * n_envs
+        for r, budget, chunk in zip(alive, budgets, chunks):
+            if not 1 <= len(chunk.ids) <= budget:
+                raise RuntimeError(f"the agent returned {len(chunk.ids)} ids for row {r}, whose budget is {budget} (at least 1)")
+            actions[r] = chunk.ids
+        obs, _, terminated, truncated, infos = env.step(actions)
+        timings.env_s += time.perf_counter() - tock
+        still, ended_rows = [], []
+        for r, chunk in zip(alive, chunks):
+            ended = bool(terminated[r] or truncated[r])
+            env_ids = _environment_tokens(r, chunk.ids, obs[r], infos[r]["consumed"], ended)
+            kept = infos[r]["consumed"]
+            sequences[r] += chunk.ids[:kept] + env_ids
+            generated[r] += kept
+            if logprobs is not None and chunk.logprobs is not None:
+                logprobs[r] += chunk.logprobs[:kept] + [0.0] * len(env_ids)
+            else:
+                logprobs = None
+            if ended:
+                trajectories[r] = infos[r]["trajectory"]
+                ended_rows.append(r)
+            else:
+                still.append((r, env_ids))
+        tick = time.perf_counter()
+        for r in ended_rows:
+            agent.finish(r)
+        for r, env_ids in still:
+            agent.feed(r, env_ids)
+        timings.generation_s += time.perf_counter() - tick
+        alive = [r for r, _ in still]
+    for r, traj in enumerate(trajectories):
+        if traj.token_ids != sequences[r]:
+            raise RuntimeError(f"episode {r}: the trajectory's ids differ from the ids the agent and the environment exchanged")
+    return trajectories, logprobs
+
+
+def _environment_tokens(row: int, chunk: list[int], obs: dict, consumed: int, ended: bool) -> list[int]:
+    """The tokens the environment appended after a chunk, after checking it kept the chunk's ids as given."""
+    ids, producers = obs["token_ids"], obs["producers"]
+    if consumed < len(chunk) and not ended:
+        raise RuntimeError(f"row {row}: the environment consumed {consumed} of {len(chunk)} ids but the episode goes on")
+    if list(ids[:consumed]) != chunk[:consumed] or any(p == AGENT for p in producers[consumed:]):
+        raise RuntimeError(
+            f"row {row}: the environment ended the turn inside the chunk (its stop detection and the agent's differ)"
+        )
+    return list(ids[consumed:])
+
+
+def _search_time(trajectories: list[Trajectory]) -> float:
+    """Wall time spent searching, from the tool calls' intervals.
+
+    A batched ``step`` answers the calls of all its episodes in one round, and a call's interval runs
+    from its episode's request to its resumption: it also covers the other episodes' stepping before
+    and after the round. The round itself is the part that all the step's intervals share (from the
+    last request to the first resumption), so each cluster of overlapping calls (one per step, as a
+    rollout chunk makes at most one call) counts for its intersection.
+    """
+    spans = sorted((c.started_at, c.started_at + c.duration_s) for t in trajectories for c in t.tool_calls)
+    total, i = 0.0, 0
+    while i < len(spans):
+        last_start, first_end = spans[i]
+        cluster_end, i = first_end, i + 1
+        while i < len(spans) and spans[i][0] <= cluster_end:
+            last_start, first_end = spans[i][0], min(first_end, spans[i][1])
+            cluster_end, i = max(cluster_end, spans[i][1]), i + 1
+        total += max(0.0, first_end - last_start)
+    return total
+
+
+def build_batch(trajectories: Sequence[Trajectory], group_ids: Sequence[str], pad_id: int) -> TrainBatch:
+    """The right-padded learner batch of ``trajectories`` (old/ref log-probs, values, advantages left empty).
+
+    Rows hold each trajectory's ids as they are; ``trained_mask`` is ``trajectory.trained`` (checked to lie
+    on agent tokens only), the episode reward sits on the last trained token, and ``group_index`` numbers
+    the distinct ``group_ids`` in order of first appearance.
+    """
+    if len(trajectories) != len(group_ids):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(group_ids)} group ids")
+    if not trajectories:
+        raise ValueError("no trajectories to batch")
+    width = max(len(t.token_ids) for t in trajectories)
+    n = len(trajectories)
+    input_ids = np.full((n, width), pad_id, dtype=np.int64)
+    attention = np.zeros((n, width), dtype=np.int64)
+    trained = np.zeros((n, width), dtype=np.float32)
+    rewards = np.zeros((n, width), dtype=np.float32)
+    for b, traj in enumerate(trajectories):
+        length = len(traj.token_ids)
+        mask = np.frombuffer(bytes(traj.trained), dtype=np.uint8)
+        if len(mask) != length or len(traj.producers) != length:
+            raise ValueError(f"trajectory {b}: {length} ids but {len(mask)} trained flags and {len(traj.producers)} producers")
+        if np.any(mask & (np.frombuffer(bytes(traj.producers), dtype=np.uint8) != AGENT)):
+            raise ValueError(f"trajectory {b}: a trained token was not produced by the agent")
+        input_ids[b, :length] = traj.token_ids
+        attention[b, :length] = 1
+        trained[b, :length] = mask
+        last = np.flatnonzero(mask)
+        if len(last):
+            rewards[b, last[-1]] = traj.reward
+    index: dict[str, int] = {}
+    groups = [index.setdefault(g, len(index)) for g in group_ids]
+    mask_t = torch.from_numpy(attention)
+    return TrainBatch(
+        input_ids=torch.from_numpy(input_ids), attention_mask=mask_t, position_ids=position_ids_from_mask(mask_t), trained_mask=torch.from_numpy(trained),
+        token_rewards=torch.from_numpy(rewards), scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        group_index=torch.tensor(groups, dtype=torch.long), group_ids=list(group_ids), trajectories=list(trajectories),
+    )

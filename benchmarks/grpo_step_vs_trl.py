@@ -1,0 +1,269 @@
+"""Speed of one GRPO step: our trainer against TRL's ``GRPOTrainer`` (its ``rollout_func`` hook), side by side.
+
+Both sides train the same tiny model (:func:`agents.models.tiny_causal_lm` over the built-in tokenizer,
+the same initial weights) on the same questions of a synthetic world, in the same environment
+(:class:`search_env.BatchSearchQAEnv`, BM25), with the same settings: questions x
+group size, agent-token budget per episode, sampling temperature (top-p off), AdamW at the same
+learning rate, one update epoch of one optimiser step, the same micro-batch, token-mean loss over the
+whole batch, group-std-scaled advantages, clip 0.2, KL off (or on, k3, in both), fp32, one torch thread.
+``--task demo`` (the default) is the learning benchmark's task, the one the README's command trains:
+a one-line prompt (12 tokens) in a compact Search-R1 dialect, a large world, a 2x64 model;
+``--task search-r1`` keeps Search-R1's 276-token instruction prompt, the default world and a 2x128 model.
+
+- Ours: :meth:`agents.trainer.Trainer.train_step` (``HFSampler`` keeping each row's KV cache across
+  turns, :func:`agents.rollout.collect_rollouts`, log-probs of the rollout policy, GRPO advantages, the
+  update through ``TorchBackend``).
+- TRL: ``GRPOTrainer.train()`` with :class:`benchmarks.peers.trl_grpo.SearchQARollout` as its
+  ``rollout_func``: per turn, transformers ``generate`` over each whole context (re-prefilled each turn,
+  which is what the hook gives a TRL user), the chunk to the environment, its tokens appended.
+
+What each side does by its own design, and keeps here: TRL scores only completion positions, through
+its chunked LM-head kernel (``fused_lm_head``); with one update pass it takes the old log-probs from the
+update's own forward pass instead of running one more; it pads a whole generation batch to its longest
+episode. Ours runs the old-log-prob pass and micro-batches trimmed to their own longest episode.
+``GRPOConfig`` fields set on TRL's side are listed, with the reason, in
+:func:`benchmarks.peers.trl_grpo.build_trainer`.
+
+The machine's speed drifts, so the two sides' steps alternate (TRL, ours, TRL, ours ...): TRL's loop
+calls ours between two of its steps. The first ``--warmup`` steps of each side are dropped; the table
+shows medians of the next ``--steps``: rollout (episodes played), update (everything else in the step),
+total, agent tokens per second of the total, and what each side did per step (episodes, agent, env and
+prompt tokens per episode, searches per episode) - both sample from the same policy, so these agree up
+to sampling noise (at lr 1e-6 a few updates leave both policies where they started; TRL's linear
+learning-rate decay against our constant rate changes no cost).
+
+A random initial policy rarely closes a search tag, so by default the policy is first warm-started
+(:func:`agents.sft.warm_start` on scripted demonstrations, ``--sft-steps``; ``--sft-cache FILE`` keeps
+the weights for the next run) and episodes are multi-turn, as in training: after 120 steps about one
+search and 26 agent tokens per episode on the demo task (one minute of warm start), 1.4 searches and 34
+agent tokens on search-r1 (several minutes). ``--sft-steps 0`` measures from the random policy instead
+(single-turn episodes that run to the token budget).
+
+Run: ``python -m benchmarks.grpo_step_vs_trl`` (``--help`` for options); needs the ``trl`` extra.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from agents.learners import GRPOConfig
+from agents.train import build_trainer
+from agents.trainer import QuestionOrder, Trainer
+from search_env import BatchSearchQAEnv
+from search_env.trajectory import Trajectory
+
+TARGET_X = 1.5  #: ours must take at most 1 / TARGET_X of TRL's time per step
+SFT_BATCH = 16  #: demonstrations per warm-start step
+
+
+@dataclass
+class StepRecord:
+    """One side's step: where its time went and what it did."""
+
+    rollout_s: float
+    total_s: float
+    episodes: int
+    prompt_tokens: int
+    agent_tokens: int
+    env_tokens: int
+    searches: int
+    reward: float
+
+    @property
+    def update_s(self) -> float:
+        return self.total_s - self.rollout_s
+
+
+def work_record(trajectories: Sequence[Trajectory], rollout_s: float, total_s: float) -> StepRecord:
+    """A step's record from the episodes it trained on."""
+    agent = sum(int(t.agent_mask.sum()) for t in trajectories)
+    return StepRecord(
+        rollout_s=rollout_s, total_s=total_s, episodes=len(trajectories),
+        prompt_tokens=sum(t.prompt_length for t in trajectories), agent_tokens=agent,
+        env_tokens=sum(len(t.token_ids) - t.prompt_length for t in trajectories) - agent,
+        searches=sum(len(t.tool_calls) for t in trajectories),
+        reward=sum(t.reward for t in trajectories) / max(len(trajectories), 1),
+    )
+
+
+def build_ours(args: argparse.Namespace, output_dir: str) -> Trainer:
+    """Our trainer for ``args.task`` with the benchmark's shared settings; no evaluation, logs or
+    checkpoints inside a step. ``demo``: the learning benchmark's task (its compact Search-R1 dialect,
+    large chain-question world and model shape, :func:`benchmarks.learning.demo_config`); ``search-r1``:
+    Search-R1's own prompt over the default synthetic world, with the trainer's default model shape."""
+    shared = dict(
+        seed=args.seed, steps=args.warmup + args.steps, questions_per_step=args.prompts, group_size=args.group,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, learning_rate=args.lr,
+        micro_batch_size=args.micro_batch, update_epochs=1, mini_batch_size=0, kl_coef=args.kl_coef,
+        kl_estimator="k3", entropy_coef=0.0, loss_agg_mode="token-mean", scale_rewards=True, clip_low=0.2,
+        clip_high=0.2, max_grad_norm=1.0, weight_decay=0.0, sft_steps=args.sft_steps, eval_every=0,
+        save_every=0, tensorboard=False, progress=False, output_dir=output_dir, num_threads=1,
+    )
+    if args.task == "demo":
+        from benchmarks.learning import build, demo_config
+
+        return build(demo_config(**shared))[0]  # the trainer has no held-out environment: it does not evaluate
+    return build_trainer(GRPOConfig(model="tiny", protocol="search-r1", dataset="synthetic", world_seed=args.seed,
+                                    eval_questions=0, **shared))
+
+
+def our_step(trainer: Trainer) -> StepRecord:
+    """One :meth:`Trainer.train_step`; the episodes are the environment's last ones (one wave per step)."""
+    metrics = trainer.train_step()
+    return work_record([env.trajectory for env in trainer.env.envs], metrics["time/rollout"], metrics["time/step"])
+
+
+def warm_started(trainer: Trainer, config: GRPOConfig, cache: str | None) -> None:
+    """Warm-start the trainer's policy on scripted demonstrations (:func:`agents.sft.warm_start`), or load
+    the weights an earlier run with the same warm-start settings saved in ``cache`` (it is minutes of work)."""
+    key = {"sft_steps": config.sft_steps, "sft_batch": SFT_BATCH, "sft_lr": config.sft_lr, "seed": config.seed,
+           "protocol": config.protocol, "world_size": config.world_size,
+           "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads]}
+    if cache and os.path.exists(cache):
+        saved = torch.load(cache, weights_only=True)
+        if saved["key"] != key:
+            raise ValueError(f"--sft-cache {cache} holds a warm start made with {saved['key']}, not {key}")
+        trainer.policy.load_state_dict(saved["policy"])
+        return
+    from agents.sft import warm_start
+
+    warm_start(trainer.policy, config, env=trainer.env, batch_size=SFT_BATCH)
+    if cache:
+        torch.save({"key": key, "policy": trainer.policy.state_dict()}, cache)
+
+
+def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
+    """Both sides' step records (warm-up steps included), TRL's and ours alternated."""
+    from benchmarks.peers.trl_grpo import SearchQARollout, StepClock, build_trainer as build_trl_trainer, hf_tokenizer
+
+    torch.set_num_threads(1)
+    workdir = tempfile.mkdtemp(prefix="grpo-vs-trl-")
+    ours = build_ours(args, os.path.join(workdir, "ours"))
+    config = ours.config
+    if args.sft_steps > 0:
+        warm_started(ours, config, args.sft_cache)
+    first = ours.env.envs[0]
+    examples = first.examples
+    env = BatchSearchQAEnv(
+        ours.env.num_envs, protocol=first.protocol, dataset=examples, sources=first.sources, tokenizer=first.codec,
+        max_new_tokens=first.max_new_tokens, max_context=first.max_context, max_turns=first.max_turns,
+    )
+    # The same questions in the same order as our trainer takes them.
+    order = QuestionOrder(len(examples), config.seed)
+    chosen = [examples[i] for i in order.take(args.prompts * config.steps)]
+    tokenizer = hf_tokenizer(first.codec)
+    rollout = SearchQARollout(env, chosen, tokenizer, first.protocol.stop_strings)
+    trl_records: list[StepRecord] = []
+    our_records: list[StepRecord] = []
+
+    def between(step: int) -> None:
+        trl_records.append(work_record([e.trajectory for e in env.envs], rollout.last.seconds, clock.step_seconds[-1]))
+        our_records.append(our_step(ours))
+
+    clock = StepClock(between)
+    # TRL loads the policy (and, with KL on, its reference) from a folder, as its users do.
+    model_dir = os.path.join(workdir, "model")
+    ours.policy.model.save_pretrained(model_dir)
+    peer = build_trl_trainer(
+        model_dir, tokenizer, rollout, [ex.question for ex in chosen], steps=config.steps,
+        group_size=args.group, micro_batch_size=args.micro_batch, learning_rate=args.lr, temperature=args.temperature,
+        top_p=1.0, beta=args.kl_coef, max_new_tokens=args.max_new_tokens, seed=args.seed, callbacks=[clock],
+        output_dir=os.path.join(workdir, "trl"),
+    )
+    peer.train()
+    env.close()
+    return trl_records, our_records
+
+
+def _median(records: Sequence[StepRecord], name: str) -> float:
+    return statistics.median(getattr(r, name) for r in records)
+
+
+def report(trl: Sequence[StepRecord], ours: Sequence[StepRecord], args: argparse.Namespace) -> str:
+    """The table of medians over the timed steps (warm-up dropped) and the TRL/ours ratios."""
+    import trl as trl_package
+
+    trl, ours = trl[args.warmup:], ours[args.warmup:]
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        f"One GRPO step on the {args.task} task: ours vs TRL {trl_package.__version__} GRPOTrainer (rollout_func), "
+        f"{args.prompts} questions x {args.group} samples, <= {args.max_new_tokens} agent tokens per episode, "
+        f"micro-batch {args.micro_batch}, lr {args.lr:g}, T={args.temperature:g}, KL {args.kl_coef:g}, "
+        f"SFT warm start {args.sft_steps} steps, fp32, 1 torch thread",
+        f"medians of {len(ours)} steps per side after {args.warmup} warm-up, sides alternated; load average {load}",
+        "",
+        f"{'side':<10}{'rollout s':>10}{'update s':>10}{'total s':>9}{'agent tok/s':>13}{'episodes':>10}"
+        f"{'agent/ep':>10}{'env/ep':>8}{'prompt/ep':>11}{'search/ep':>11}{'reward':>8}",
+    ]
+    for name, records in (("TRL", trl), ("ours", ours)):
+        per_ep = lambda field: _median(records, field) / max(_median(records, "episodes"), 1)  # noqa: E731
+        tok_s = statistics.median(r.agent_tokens / r.total_s for r in records)
+        lines.append(
+            f"{name:<10}{_median(records, 'rollout_s'):>10.2f}{_median(records, 'update_s'):>10.2f}"
+            f"{_median(records, 'total_s'):>9.2f}{tok_s:>13.0f}{_median(records, 'episodes'):>10.0f}"
+            f"{per_ep('agent_tokens'):>10.1f}{per_ep('env_tokens'):>8.1f}{per_ep('prompt_tokens'):>11.1f}"
+            f"{per_ep('searches'):>11.2f}{_median(records, 'reward'):>8.3f}"
+        )
+    ratios = {name: _median(trl, name) / _median(ours, name) for name in ("rollout_s", "update_s", "total_s")}
+    lines.append(
+        f"{'TRL/ours':<10}{ratios['rollout_s']:>9.2f}x{ratios['update_s']:>9.2f}x{ratios['total_s']:>8.2f}x"
+    )
+    verdict = "met" if ratios["total_s"] >= TARGET_X else "NOT met"
+    lines.append(f"target: ours >= {TARGET_X}x faster per step: {verdict} ({ratios['total_s']:.2f}x)")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--task", choices=("demo", "search-r1"), default="demo",
+                        help="demo: the learning benchmark's task (compact prompt); search-r1: Search-R1's prompt")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed first steps per side (>= 1: TRL's first step also holds its training setup)")
+    parser.add_argument("--prompts", type=int, default=8, help="questions per step")
+    parser.add_argument("--group", type=int, default=8, help="samples per question (GRPO group size)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="agent tokens per episode")
+    parser.add_argument("--micro-batch", type=int, default=8, help="episodes per forward/backward pass")
+    parser.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (TRL's default)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL to the reference (k3) in both; 0: off")
+    parser.add_argument("--sft-steps", type=int, default=120,
+                        help="warm-start steps before timing, enough for multi-turn episodes (0: the random policy)")
+    parser.add_argument("--sft-cache", default=None,
+                        help="file keeping the warm-started weights between runs (made on the first run)")
+    parser.add_argument("--seed", type=int, default=0, help="model init, world and sampling seed")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        parser.error("--steps and --warmup must be >= 1")
+    if (args.prompts * args.group) % args.micro_batch:
+        parser.error("--prompts x --group must be a multiple of --micro-batch (TRL's accumulation needs it)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    args = parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # TRL loading the model prints one
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("this benchmark needs TRL: pip install 'searchqa-gym[trl]'")
+        return 2
+    trl_records, our_records = run(args)
+    print(report(trl_records, our_records, args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
