@@ -42,6 +42,7 @@ from agents.sampler import HFSampler
 from agents.sft import warm_start
 from agents.trainer import Trainer
 from search_env import BatchSearchQAEnv
+from search_env.console import HelpFormatter
 
 __all__ = ["demo_config", "run_seed", "main"]
 
@@ -225,11 +226,11 @@ def plot(runs: Sequence[SeedRun], path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds, one run each")
     parser.add_argument("--minutes", type=float, default=10.0, help="training-time budget per seed (SFT + RL)")
     parser.add_argument("--eval-every", type=int, default=10, help="RL steps between held-out evaluations")
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/learning"))
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/learning"), help="where the runs, curve and results go")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="override demo config fields (YAML values), e.g. --set learning_rate=1e-4 steps=100")
     args = parser.parse_args(argv)

@@ -219,7 +219,7 @@ def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: 
 
 # --- --help everywhere -----------------------------------------------------------------------------
 
-COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial", "benchmarks.retrieval_recall",
+COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial", "benchmarks.grpo_step_vs_trl", "benchmarks.learning", "benchmarks.rollout_overhead", "benchmarks.retrieval_recall",
             "benchmarks.retrieval_throughput", "search_env.server.__main__"]
 
 
