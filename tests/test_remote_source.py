@@ -262,13 +262,13 @@ def test_slow_reply_fails_at_the_deadline_with_one_attempt(scripted) -> None:
     """The deadline covers the call, retries included: a reply slower than it uses one attempt."""
     url, seen = scripted([(200, good_reply, 3.0)])
     remote = RemoteSource(url, timeout_s=0.5, retries=2, backoff_s=0.01)
-    start = time.monotonic()
     try:
         with pytest.raises(SourceError, match="no reply within 0.5 s"):
             remote.search(["slow"], 2)
-        assert time.monotonic() - start < 2.5  # the deadline, not the server's 3 s
     finally:
         remote.close()
+    # Per-attempt timeouts would have sent all three attempts (each 0.5 s < 3 s); the call's deadline
+    # leaves no time for a second one. Counted, not timed.
     assert remote.requests_sent == 1
 
 
@@ -346,11 +346,9 @@ def test_a_server_that_never_finishes_is_cut_at_the_deadline(misbehaving, mode: 
     the request in flight is cut (the server sees its connection close) before close() is called."""
     url, server = misbehaving([mode])
     remote = RemoteSource(url, timeout_s=0.5, retries=2, backoff_s=0.01)
-    start = time.monotonic()
     try:
-        with pytest.raises(SourceError, match="no reply within 0.5 s"):
+        with pytest.raises(SourceError, match="no reply within 0.5 s"):  # a hang here fails by pytest-timeout
             remote.search(["q"], 2)
-        assert time.monotonic() - start < 5.0
         assert server.cut.wait(5.0), "the request was left running after the deadline"
     finally:
         remote.close()
