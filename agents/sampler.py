@@ -26,9 +26,8 @@ tensor ops on the whole batch.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -160,18 +159,6 @@ def _stacked(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
     return buf
 
 
-@contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Dropout off while sampling; the caller's train/eval mode is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
-
-
 class StopScanner:
     """Where a chunk must stop: the token whose bytes complete one of the stop strings.
 
@@ -207,8 +194,10 @@ class HFSampler:
         greedy: take the most likely id (log-probs still recorded at ``temperature``).
         seed: seed of the sampler's own random generator (the global RNG is not used).
 
-    ``generate`` must be asked for every row still running (the rollout does). After a rollout,
-    :meth:`context_ids` gives the ids each row's cache was built from, to check token-in/token-out.
+    ``generate`` must be asked for every row still running (the rollout does). Dropout is off while
+    sampling: the model is in eval mode from ``begin`` until the last row has finished, then back in
+    the mode it was in (switching modes walks every module, too slow to do at every turn). After a
+    rollout, :meth:`context_ids` gives the ids each row's cache was built from, to check token-in/token-out.
     """
 
     def __init__(self, policy: HFPolicy, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, seed: int = 0) -> None:
@@ -236,6 +225,8 @@ class HFSampler:
             self._scanners[stops] = (scanner, torch.tensor(scanner.may_complete, dtype=torch.bool, device=self.device))
         self._scanner, self._may_stop = self._scanners[stops]
         n = len(prompt_ids)
+        self._restore_training = self.model.training
+        self.model.eval()
         self._pending: list[list[int]] = [list(ids) for ids in prompt_ids]
         self._turn_bytes = [b""] * n  # the last bytes the row wrote since the environment last spoke
         self._finished: set[int] = set()
@@ -249,7 +240,9 @@ class HFSampler:
             return []
         if min(budgets) < 1:
             raise ValueError("every row needs a budget of at least one token")
-        with _eval_mode(self.model):
+        if self.model.training:  # switched back since begin()
+            self.model.eval()
+        with torch.inference_mode():
             kv = self._take(list(rows))
             kv, logits = self._feed_pending(kv)
             kv, parts, chunks = self._decode(kv, logits, dict(zip(rows, budgets)))
@@ -268,6 +261,8 @@ class HFSampler:
 
     def finish(self, row: int) -> None:
         self._finished.add(row)
+        if len(self._finished) == len(self._pending) and self._restore_training:
+            self.model.train()
 
     def context_ids(self, row: int) -> list[int]:
         """The ids in ``row``'s KV cache, in order (holes skipped), followed by the ids still waiting to be

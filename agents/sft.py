@@ -12,17 +12,18 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from agents.config import TrainConfig
 from agents.demonstrations import Demonstrations, make_demonstrations
+from agents.batch import TrainBatch
 from agents.policy import HFPolicy
 from agents.rollout import build_batch
 from search_env.data.example import QAExample
 
-__all__ = ["SFTResult", "warm_start", "sft_loss"]
+__all__ = ["SFTResult", "warm_start", "sft_loss", "trained_token_logprobs"]
 
 #: Share of the steps over which the learning rate warms up linearly (then it decays on a cosine to 0).
 WARMUP_FRACTION = 0.05
@@ -103,6 +104,8 @@ def warm_start(
     losses: list[float] = []
     trained_tokens = 0
     was_training = policy.training
+    policy.eval()
+    score = _scorer(policy, build_batch(trajectories[:2], ["a", "b"], policy.codec.pad_id), device)
     policy.train()
     started = time.perf_counter()
     try:
@@ -119,8 +122,8 @@ def warm_start(
             loss_value = 0.0
             for mb in batch.micro_batches(max(config.micro_batch_size, 1)):
                 mb_trained = mb.trained_mask.to(device)
-                out = policy(mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device))
-                loss = sft_loss(out.logprobs, mb_trained, total)
+                logprobs = score(mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb_trained)
+                loss = sft_loss(logprobs, mb_trained, total)
                 loss.backward()
                 loss_value += loss.item()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
@@ -129,9 +132,50 @@ def warm_start(
             losses.append(loss_value)
             trained_tokens += int(total)
     finally:
+        optimizer.zero_grad(set_to_none=True)  # no warm-start gradient may leak into the first RL update
         policy.train(was_training)
     seconds = time.perf_counter() - started
     return SFTResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9))
+
+
+Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def trained_token_logprobs(policy: HFPolicy, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           position_ids: torch.Tensor, trained_mask: torch.Tensor) -> torch.Tensor:
+    """Token-aligned log-probs (temperature 1) at the trained positions, 0 elsewhere, with the LM head
+    applied only where a trained token is predicted.
+
+    The head and its softmax over the vocabulary cost as much as the whole body of a tiny model and are
+    needed at a few positions of a demonstration (its calls and answer, not the results); this assumes
+    the model's logits are its output embedding applied to the last hidden state (Llama, Qwen2, SmolLM2).
+    """
+    hidden = policy.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     use_cache=False).last_hidden_state
+    want = trained_mask[:, 1:].bool()
+    logits = policy.model.get_output_embeddings()(hidden[:, :-1][want])[:, : policy.vocab_size].float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:][want][:, None]).squeeze(-1)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    out[:, 1:][want] = picked
+    return out
+
+
+def _scorer(policy: HFPolicy, probe: TrainBatch, device: torch.device) -> Scorer:
+    """:func:`trained_token_logprobs` when it agrees with the policy's own forward pass on ``probe`` (a
+    model whose logits are the output embedding of the last hidden state), else the policy's forward."""
+
+    def full(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return policy(ids, mask, positions).logprobs
+
+    def fast(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return trained_token_logprobs(policy, ids, mask, positions, trained)
+
+    args = [probe.input_ids.to(device), probe.attention_mask.to(device), probe.position_ids.to(device),
+            probe.trained_mask.to(device)]
+    with torch.no_grad():
+        reference, quick = full(*args), fast(*args)
+    on = args[3].bool()
+    return fast if torch.allclose(reference[on], quick[on], atol=1e-4) else full
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:

@@ -134,6 +134,7 @@ def warm_started(trainer: Trainer, config: GRPOConfig, cache: str | None) -> Non
     from agents.sft import warm_start
 
     warm_start(trainer.policy, config, env=trainer.env, batch_size=SFT_BATCH)
+    trainer.policy.zero_grad(set_to_none=True)  # warm_start leaves its last gradients on the parameters
     if cache:
         torch.save({"key": key, "policy": trainer.policy.state_dict()}, cache)
 
@@ -143,41 +144,41 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
     from benchmarks.peers.trl_grpo import SearchQARollout, StepClock, build_trainer as build_trl_trainer, hf_tokenizer
 
     torch.set_num_threads(1)
-    workdir = tempfile.mkdtemp(prefix="grpo-vs-trl-")
-    ours = build_ours(args, os.path.join(workdir, "ours"))
-    config = ours.config
-    if args.sft_steps > 0:
-        warm_started(ours, config, args.sft_cache)
-    first = ours.env.envs[0]
-    examples = first.examples
-    env = BatchSearchQAEnv(
-        ours.env.num_envs, protocol=first.protocol, dataset=examples, sources=first.sources, tokenizer=first.codec,
-        max_new_tokens=first.max_new_tokens, max_context=first.max_context, max_turns=first.max_turns,
-    )
-    # The same questions in the same order as our trainer takes them.
-    order = QuestionOrder(len(examples), config.seed)
-    chosen = [examples[i] for i in order.take(args.prompts * config.steps)]
-    tokenizer = hf_tokenizer(first.codec)
-    rollout = SearchQARollout(env, chosen, tokenizer, first.protocol.stop_strings)
-    trl_records: list[StepRecord] = []
-    our_records: list[StepRecord] = []
+    with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as workdir:  # models, TRL's output dir
+        ours = build_ours(args, os.path.join(workdir, "ours"))
+        config = ours.config
+        if args.sft_steps > 0:
+            warm_started(ours, config, args.sft_cache)
+        first = ours.env.envs[0]
+        examples = first.examples
+        env = BatchSearchQAEnv(
+            ours.env.num_envs, protocol=first.protocol, dataset=examples, sources=first.sources, tokenizer=first.codec,
+            max_new_tokens=first.max_new_tokens, max_context=first.max_context, max_turns=first.max_turns,
+        )
+        # The same questions in the same order as our trainer takes them.
+        order = QuestionOrder(len(examples), config.seed)
+        chosen = [examples[i] for i in order.take(args.prompts * config.steps)]
+        tokenizer = hf_tokenizer(first.codec)
+        rollout = SearchQARollout(env, chosen, tokenizer, first.protocol.stop_strings)
+        trl_records: list[StepRecord] = []
+        our_records: list[StepRecord] = []
 
-    def between(step: int) -> None:
-        trl_records.append(work_record([e.trajectory for e in env.envs], rollout.last.seconds, clock.step_seconds[-1]))
-        our_records.append(our_step(ours))
+        def between(step: int) -> None:
+            trl_records.append(work_record([e.trajectory for e in env.envs], rollout.last.seconds, clock.step_seconds[-1]))
+            our_records.append(our_step(ours))
 
-    clock = StepClock(between)
-    # TRL loads the policy (and, with KL on, its reference) from a folder, as its users do.
-    model_dir = os.path.join(workdir, "model")
-    ours.policy.model.save_pretrained(model_dir)
-    peer = build_trl_trainer(
-        model_dir, tokenizer, rollout, [ex.question for ex in chosen], steps=config.steps,
-        group_size=args.group, micro_batch_size=args.micro_batch, learning_rate=args.lr, temperature=args.temperature,
-        top_p=1.0, beta=args.kl_coef, max_new_tokens=args.max_new_tokens, seed=args.seed, callbacks=[clock],
-        output_dir=os.path.join(workdir, "trl"),
-    )
-    peer.train()
-    env.close()
+        clock = StepClock(between)
+        # TRL loads the policy (and, with KL on, its reference) from a folder, as its users do.
+        model_dir = os.path.join(workdir, "model")
+        ours.policy.model.save_pretrained(model_dir)
+        peer = build_trl_trainer(
+            model_dir, tokenizer, rollout, [ex.question for ex in chosen], steps=config.steps,
+            group_size=args.group, micro_batch_size=args.micro_batch, learning_rate=args.lr, temperature=args.temperature,
+            top_p=1.0, beta=args.kl_coef, max_new_tokens=args.max_new_tokens, seed=args.seed, callbacks=[clock],
+            output_dir=os.path.join(workdir, "trl"),
+        )
+        peer.train()
+        env.close()
     return trl_records, our_records
 
 

@@ -9,7 +9,7 @@ from agents.demonstrations import make_demonstrations
 from agents.models import tiny_causal_lm
 from agents.policy import HFPolicy
 from agents.rollout import build_batch
-from agents.sft import _lr_factor, sft_loss, warm_start
+from agents.sft import _lr_factor, sft_loss, trained_token_logprobs, warm_start
 from search_env import SearchQAEnv
 
 
@@ -89,3 +89,15 @@ def test_micro_batches_give_the_full_batch_step(env):
 def test_bad_input(env):
     with pytest.raises(ValueError, match="sft_steps"):
         warm_start(_policy(env), TrainConfig(sft_steps=0), env)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_trained_token_logprobs_equal_the_policys_at_trained_positions(env, arch):
+    demos = make_demonstrations(env, env.examples, 4, second_hop_rate=1.0, seed=0)
+    batch = build_batch(demos.trajectories, [t.example_id for t in demos.trajectories], env.codec.pad_id)
+    policy = HFPolicy(tiny_causal_lm(env.codec.vocab_size, arch=arch, layers=1, hidden=32, heads=2, seed=3), env.codec)
+    full = policy(batch.input_ids, batch.attention_mask, batch.position_ids).logprobs
+    fast = trained_token_logprobs(policy, batch.input_ids, batch.attention_mask, batch.position_ids, batch.trained_mask)
+    on = batch.trained_mask.bool()
+    assert torch.allclose(fast[on], full[on], atol=1e-5)
+    assert torch.all(fast[~on] == 0)

@@ -144,3 +144,36 @@ def test_warm_start_runs_before_rl_and_becomes_the_reference(tmp_path):
     assert [(r["step"], r.get("stage")) for r in logged] == [(0, "start"), (0, "warm start"), (1, None), (1, "final")]
     assert logged[1]["sft/steps"] == 2 and logged[1]["sft/demonstrations"] == 4
     assert set(result.evaluations) == {"start", "warm start", "final"}
+
+
+def test_ctrl_c_finishes_the_step_and_checkpoints(tmp_path):
+    import signal
+
+    from agents.checkpoint import load_checkpoint
+
+    trainer = build_trainer(small_config("grpo", tmp_path, steps=3, eval_questions=0))
+    step = trainer.train_step
+
+    def interrupted_step():
+        signal.raise_signal(signal.SIGINT)  # arrives mid-step, as a Ctrl-C would
+        return step()
+
+    trainer.train_step = interrupted_step
+    try:
+        result = trainer.train()
+    finally:
+        trainer.env.close()
+    assert result.step == 1 and load_checkpoint(result.checkpoint_path)["step"] == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+def test_dynamic_sampling_that_drops_every_group_skips_the_update(tmp_path):
+    # The untrained policy scores 0 on every episode: every group is all-equal, DAPO keeps no row.
+    trainer = build_trainer(small_config("grpo", tmp_path, steps=1, eval_questions=0, dynamic_sampling=True))
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.env.close()
+    assert metrics["reward"] == 0.0 and metrics["rows"] == 0.0 and "grad_norm" not in metrics
+    assert all(torch.equal(v, before[k]) for k, v in trainer.policy.state_dict().items())
