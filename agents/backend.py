@@ -40,11 +40,13 @@ class TrainingBackend(ABC):
     @abstractmethod
     def forward(self, batch: TrainBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
         """Token-aligned log-probs (at the sampling temperature), optionally entropy and critic values,
-        of the policy on ``batch``; differentiable when called under grad."""
+        of the policy on ``batch``; differentiable when called under grad. Log-probs and entropy need only
+        be right from ``batch.first_trained_column`` on (the learner reads them on trained tokens only)."""
 
     @abstractmethod
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Token-aligned log-probs of the frozen reference policy on ``batch`` (no grad)."""
+        """Token-aligned log-probs of the frozen reference policy on ``batch`` (no grad; right from
+        ``batch.first_trained_column`` on)."""
 
     @abstractmethod
     def reset_reference(self) -> None:
@@ -135,6 +137,7 @@ class TorchBackend(TrainingBackend):
         out = self.policy.forward(
             batch.input_ids, batch.attention_mask, batch.position_ids,
             temperature=self.config.temperature, with_entropy=with_entropy, with_values=head_values,
+            from_column=batch.first_trained_column,
         )
         if with_values and self.critic is not None:
             out = replace(out, values=self.critic.values(batch.input_ids, batch.attention_mask, batch.position_ids))
@@ -146,6 +149,7 @@ class TorchBackend(TrainingBackend):
             raise RuntimeError("this backend keeps no reference policy (with_reference=False)")
         return self.reference.forward(
             batch.input_ids, batch.attention_mask, batch.position_ids, temperature=self.config.temperature,
+            from_column=batch.first_trained_column,
         ).logprobs
 
     def reset_reference(self) -> None:

@@ -56,6 +56,12 @@ class TrainBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def first_trained_column(self) -> int:
+        """The first column any row trains on (the width when none does): log-probs before it are never used."""
+        columns = self.trained_mask.bool().any(dim=0).nonzero()
+        return int(columns[0]) if len(columns) else int(self.trained_mask.shape[1])
+
     def select(self, rows: Sequence[int] | torch.Tensor) -> TrainBatch:
         """The batch restricted to ``rows`` (in that order); padding columns are kept."""
         index = torch.as_tensor(rows, dtype=torch.long)

@@ -78,11 +78,15 @@ class HFPolicy(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         with_values: bool = False,
+        from_column: int = 0,
     ) -> PolicyOutput:
         """Token-aligned log-probs of ``input_ids`` (and entropy, values) at ``temperature``.
 
         ``position_ids`` defaults to :func:`position_ids_from_mask`. Entries are 0 on padding and on a row's
-        first real token (nothing precedes it).
+        first real token (nothing precedes it). ``from_column > 0`` computes log-probs and entropy only for
+        columns ``from_column`` and later (earlier ones are 0; values are unaffected): the learner needs
+        them on trained tokens only, and with a long prompt and a large vocabulary the LM head over the
+        prompt's positions is most of a forward pass (the model's ``logits_to_keep`` skips it).
         """
         if with_values and self.value_head is None:
             raise ValueError("with_values=True needs HFPolicy(..., value_head=True)")
@@ -90,27 +94,37 @@ class HFPolicy(nn.Module):
             raise ValueError(f"temperature must be > 0 (greedy decoding has no log-probs), got {temperature}")
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
+        width = input_ids.shape[1]
+        first = min(max(from_column, 1), max(width - 1, 1))  # column 0 never has a log-prob
+        kept = {"logits_to_keep": width - first + 1} if first > 1 else {}  # positions first-1 .. width-1
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            output_hidden_states=with_values, use_cache=False,
+            output_hidden_states=with_values, use_cache=False, **kept,
         )
-        logits = out.logits[:, :-1, : self.vocab_size].float() / temperature
+        logits = out.logits[:, :-1, : self.vocab_size].float() / temperature  # predicts columns first .. width-1
         lse = torch.logsumexp(logits, dim=-1)
-        chosen = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        chosen = logits.gather(-1, input_ids[:, first:, None]).squeeze(-1)
         # A token has a log-prob when it and the token before it are real (so column 0 and the first
         # token of a left-padded row get 0, as they do alone).
         real = attention_mask.bool()
         real = real & token_aligned(real[:, :-1])
-        logprobs = torch.where(real, token_aligned(chosen - lse), 0.0)
+        if from_column >= width:  # nothing asked for (the head still ran on one position)
+            real = torch.zeros_like(real)
+        logprobs = torch.where(real, _from_column(chosen - lse, first), 0.0)
         entropy = values = None
         if with_entropy:
             probs = torch.softmax(logits, dim=-1)
-            entropy = torch.where(real, token_aligned(lse - (probs * logits).sum(-1)), 0.0)
+            entropy = torch.where(real, _from_column(lse - (probs * logits).sum(-1), first), 0.0)
         if with_values:
             hidden = out.hidden_states[-1]
             hidden = hidden[:, :-1].to(self.value_head.weight.dtype)
             values = torch.where(real, token_aligned(self.value_head(hidden).squeeze(-1)), 0.0)
         return PolicyOutput(logprobs, entropy, values)
+
+
+def _from_column(predictions: torch.Tensor, first: int) -> torch.Tensor:
+    """(B, T) from (B, T - first) values for columns ``first..T-1``; earlier columns are 0."""
+    return torch.cat([predictions.new_zeros(predictions.shape[0], first), predictions], dim=1)
 
 
 class ValueModel(nn.Module):

@@ -8,10 +8,15 @@ Each step:
 3. the trajectories become a :class:`~agents.batch.TrainBatch`; the algorithm may drop rows (DAPO's
    dynamic sampling) and shapes scores itself (overlong punishment);
 4. with no gradient: the rollout policy's log-probs, the reference's (when KL is on) and the critic's
-   values (PPO);
+   values (PPO). With one update pass of one optimiser step over the whole rollout and nothing in the
+   advantages that needs them (no critic, no KL in the reward), the rollout policy's log-probs are
+   those of the update's own forward pass, detached (ratio 1, the on-policy gradient), and the extra
+   pass is skipped;
 5. the algorithm's advantages; then ``update_epochs`` passes over mini-batches, each split by the
    backend into micro-batches whose losses are scaled by the mini-batch's global counts, so one
-   optimiser step sees the full mini-batch gradient.
+   optimiser step sees the full mini-batch gradient. Rows are ordered by length before the split, so
+   that a micro-batch, trimmed to its longest row, carries little padding (the result does not depend
+   on the split).
 
 Evaluation (greedy and sampled, on held-out questions) runs before training, after the optional
 warm start, every ``eval_every`` steps and at the end. Checkpoints hold everything a step depends on -
@@ -211,6 +216,7 @@ class Trainer:
         trajectories = rollout.trajectories
         batch = build_batch(trajectories, rollout.group_ids, self.policy.codec.pad_id)
         batch = self.algorithm.filter_batch(batch)
+        batch = batch.select(_by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
         stats: dict[str, float] = {"rows": float(len(batch))}
         if len(batch) and batch.trained_mask.any():
@@ -245,20 +251,31 @@ class Trainer:
         """Fill the rollout policy's log-probs, the reference's and the critic's values, micro-batch by micro-batch."""
         self.backend.eval()
         rows, width = batch.input_ids.shape
-        old = batch.input_ids.new_zeros((rows, width), dtype=torch.float32)
-        ref = old.clone() if self.algorithm.uses_reference else None
-        values = old.clone() if self.algorithm.uses_critic else None
+        zeros = batch.input_ids.new_zeros((rows, width), dtype=torch.float32)
+        old = None if self._old_logprobs_from_update(rows) else zeros.clone()
+        ref = zeros.clone() if self.algorithm.uses_reference else None
+        values = zeros.clone() if self.algorithm.uses_critic else None
         start = 0
         for mb in self.backend.micro_batches(batch):
             n, t = mb.input_ids.shape
-            out = self.backend.forward(mb, with_values=self.algorithm.uses_critic)
-            old[start : start + n, :t] = out.logprobs
+            if old is not None:
+                out = self.backend.forward(mb, with_values=self.algorithm.uses_critic)
+                old[start : start + n, :t] = out.logprobs
+                if values is not None:
+                    values[start : start + n, :t] = out.values
             if ref is not None:
                 ref[start : start + n, :t] = self.backend.reference_logprobs(mb)
-            if values is not None:
-                values[start : start + n, :t] = out.values
             start += n
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
+
+    def _old_logprobs_from_update(self, rows: int) -> bool:
+        """Whether the update's own forward pass can give the rollout policy's log-probs: one pass of
+        one optimiser step over all ``rows`` (the policy has not moved when it runs), and neither a
+        critic nor a KL reward that needs them before the advantages."""
+        cfg = self.config
+        one_step = cfg.update_epochs == 1 and not 0 < cfg.mini_batch_size < rows
+        kl_in_reward = self.algorithm.uses_reference and cfg.kl_in_reward
+        return one_step and not self.algorithm.uses_critic and not kl_in_reward
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         """``update_epochs`` passes of mini-batch optimiser steps; the mean of each statistic over steps."""
@@ -273,10 +290,12 @@ class Trainer:
         for _ in range(cfg.update_epochs):
             order = torch.randperm(rows, generator=shuffle) if size < rows else torch.arange(rows)
             for begin in range(0, rows, size):
-                mini = batch.select(order[begin : begin + size])
+                mini = batch.select(_by_length(batch, order[begin : begin + size]))
                 counts = self.algorithm.counts(mini)
                 for mb in self.backend.micro_batches(mini):
                     out = self.backend.forward(mb, with_entropy=True, with_values=self.algorithm.uses_critic)
+                    if mb.old_logprobs is None:  # the policy has not moved since the rollout (see _score)
+                        mb = dataclasses.replace(mb, old_logprobs=out.logprobs.detach())
                     loss, mb_stats = self.algorithm.loss(mb, out, counts)
                     if separate_critic:
                         critic_loss, critic_stats = self.algorithm.critic_loss(mb, out.values, counts)
@@ -390,6 +409,12 @@ class Trainer:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _by_length(batch: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` ordered by their number of tokens (ties keep their order)."""
+    lengths = batch.attention_mask[rows].sum(dim=1).cpu()
+    return rows[torch.argsort(lengths, stable=True)]
 
 
 def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:

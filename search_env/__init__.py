@@ -7,14 +7,14 @@ from gymnasium.envs.registration import register
 
 from search_env.data import QAExample, load_dataset
 from search_env.env import SearchQAEnv
-from search_env.protocols import Protocol, available_protocols, get_protocol, register_protocol
+from search_env.protocols import SEED_PROTOCOLS, Protocol, available_protocols, get_protocol, register_protocol
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
 from search_env.vector import BatchSearchQAEnv
 from search_env.wrappers import FixedWindowObservation, FullContextObservation
 
 __all__ = [
-    "SearchQAEnv", "BatchSearchQAEnv", "Protocol", "register_protocol", "get_protocol", "available_protocols",
+    "SearchQAEnv", "BatchSearchQAEnv", "Protocol", "register_protocol", "get_protocol", "available_protocols", "SEED_PROTOCOLS",
     "Passage", "Source", "SourceError", "Trajectory", "AGENT", "ENVIRONMENT",
     "QAExample", "load_dataset", "FixedWindowObservation", "FullContextObservation",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "register_protocol",
     "get_protocol",
     "available_protocols",
+    "SEED_PROTOCOLS",
     "SEARCH_R1_INVALID_ACTION",
 ]
 
@@ -366,6 +367,10 @@ REASONING_SEARCH = Protocol(
 )
 
 _REGISTRY: dict[str, Protocol] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}
+
+SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
+"""The five seed systems' protocols (registered at import; :func:`available_protocols` also lists any
+protocol registered since, e.g. by a plug-in or ``agents.demo_task``)."""
 
 
 def register_protocol(protocol: Protocol, *, overwrite: bool = False) -> Protocol:

@@ -1,12 +1,18 @@
 """Test-wide settings: offline hub, one torch thread (two threads on two busy cores is far slower),
 the slow marker and a per-test time limit (setup.cfg), and skipping what an install lacks."""
-import importlib.util
 import os
-from pathlib import Path
 
-import pytest
+# One thread in every OpenMP/BLAS runtime too (torch's, faiss's, numpy's BLAS), set before any of them
+# loads: a CI machine with many cores would otherwise run two OpenMP runtimes' thread pools side by side.
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
-from search_env.sources.base import Passage, Source, SourceError
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from search_env.sources.base import Passage, Source, SourceError  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

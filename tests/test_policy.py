@@ -60,6 +60,35 @@ def test_a_padded_batch_gives_each_row_its_own_logprobs_and_entropy(codec, arch,
     assert torch.isfinite(out.logprobs).all() and torch.isfinite(out.entropy).all()
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("from_column", [0, 1, 2, 5, 11, 12, 40])
+def test_from_column_gives_the_same_logprobs_there_and_zeros_before(codec, arch, from_column):
+    policy = HFPolicy(tiny_causal_lm(VOCAB, arch=arch, seed=2), codec).eval()
+    seqs = _sequences([7, 12, 3], seed=3)
+    ids, mask = _pad(seqs, "right")
+    with torch.no_grad():
+        out = policy(ids, mask, temperature=0.7, with_entropy=True, from_column=from_column)
+        for b, seq in enumerate(seqs):
+            logp, entropy = _manual(policy.model, seq, 0.7)
+            later = slice(from_column, len(seq))
+            assert torch.allclose(out.logprobs[b, later].double(), logp[later], atol=1e-5)
+            assert torch.allclose(out.entropy[b, later].double(), entropy[later], atol=1e-5)
+    assert out.logprobs.shape == ids.shape and out.entropy.shape == ids.shape
+    assert torch.all(out.logprobs[:, :from_column] == 0) and torch.all(out.entropy[:, :from_column] == 0)
+
+
+def test_from_column_skips_the_lm_head_before_it(codec):
+    policy = HFPolicy(tiny_causal_lm(VOCAB, seed=2), codec).eval()
+    ids, mask = _pad(_sequences([12, 12], seed=4), "right")
+    rows = []
+    handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, args, out: rows.append(out.shape[1]))
+    with torch.no_grad():
+        policy(ids, mask, from_column=9)
+        policy(ids, mask)
+    handle.remove()
+    assert rows == [12 - 9 + 1, 12]  # positions 8..11 (8 predicts column 9), then all of them
+
+
 def test_position_ids_count_real_tokens_only():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 0, 1]])
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2], [0, 0, 1, 1, 2]]

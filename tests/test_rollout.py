@@ -15,12 +15,13 @@ import torch
 from torch import nn
 
 import agents.sampler as sampler_module
+from agents.demo_task import COMPACT_SEARCH_R1
 from agents.interface import Chunk
 from agents.models import tiny_causal_lm
 from agents.policy import HFPolicy
 from agents.rollout import build_batch, collect_rollouts
 from agents.sampler import HFSampler
-from search_env import AGENT, BatchSearchQAEnv, available_protocols, get_protocol
+from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, get_protocol
 from search_env.tokenization import as_codec
 
 
@@ -128,7 +129,7 @@ def codec():
     return as_codec(None)
 
 
-@pytest.mark.parametrize("protocol", available_protocols())
+@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, COMPACT_SEARCH_R1.name])
 def test_token_in_token_out_over_every_protocol_with_the_builtin_tokenizer(codec, protocol):
     policy = biased_policy(codec, protocol)
     env = BatchSearchQAEnv(8, protocol=protocol, tokenizer=codec, max_new_tokens=96)

@@ -12,7 +12,7 @@ from agents.interface import RolloutAgent, ScriptedRolloutAgent, turn_stop_strin
 from agents.rollout import collect_rollouts
 from agents.sampler import HFSampler, StopScanner
 from agents.scripted import OracleAgent, run_episode
-from search_env import AGENT, BatchSearchQAEnv, SearchQAEnv, available_protocols, get_protocol
+from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, SearchQAEnv, get_protocol
 from search_env.data.example import QAExample
 from search_env.tokenization import as_codec
 from tests.conftest import CountingSource
@@ -49,7 +49,7 @@ def test_research_stops_at_its_answer_tag_too():
     assert turn_stop_strings(get_protocol("r1-searcher")) == ("<|end_of_query|>", "</answer>")
 
 
-@pytest.mark.parametrize("protocol", available_protocols())
+@pytest.mark.parametrize("protocol", SEED_PROTOCOLS)
 def test_the_scripted_adapter_plays_the_episodes_run_episode_plays(protocol):
     env = BatchSearchQAEnv(3, protocol=protocol)
     assert isinstance(ScriptedRolloutAgent(OracleAgent), RolloutAgent)

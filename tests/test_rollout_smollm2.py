@@ -9,7 +9,7 @@ from agents.models import load_smollm2
 from agents.policy import HFPolicy
 from agents.rollout import collect_rollouts
 from agents.sampler import HFSampler
-from search_env import BatchSearchQAEnv, available_protocols
+from search_env import SEED_PROTOCOLS, BatchSearchQAEnv
 from search_env.tokenization import as_codec
 from tests.test_rollout import biased_policy, check_token_in_token_out, multi_turn
 
@@ -24,7 +24,7 @@ def smollm2():
     return load_smollm2()
 
 
-@pytest.mark.parametrize("protocol", available_protocols())
+@pytest.mark.parametrize("protocol", SEED_PROTOCOLS)
 def test_token_in_token_out_over_every_protocol_with_smollm2s_tokenizer(smollm2, protocol):
     codec = as_codec(smollm2[1])
     assert len(codec.encode("</answer>")) > 1  # the tags are split over tokens

@@ -177,3 +177,35 @@ def test_dynamic_sampling_that_drops_every_group_skips_the_update(tmp_path):
         trainer.env.close()
     assert metrics["reward"] == 0.0 and metrics["rows"] == 0.0 and "grad_norm" not in metrics
     assert all(torch.equal(v, before[k]) for k, v in trainer.policy.state_dict().items())
+
+
+@pytest.mark.parametrize("algo", ["grpo", "reinforce++-baseline"])
+def test_one_pass_of_one_step_takes_old_logprobs_from_the_update_and_updates_the_same(tmp_path, algo, monkeypatch):
+    """With one optimiser step per rollout the policy has not moved when the update runs, so its own
+    (detached) log-probs are the rollout policy's: the extra no-grad pass is skipped and the step is the
+    one the separate pass gives."""
+    def one_step(name, separate_pass):
+        config = small_config(algo, tmp_path / name, steps=1, eval_questions=0, update_epochs=1, mini_batch_size=0,
+                              kl_in_reward=False)
+        trainer = build_trainer(config)
+        if separate_pass:
+            monkeypatch.setattr(trainer, "_old_logprobs_from_update", lambda rows: False)
+        before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+        calls = []
+        forward = trainer.backend.forward
+        monkeypatch.setattr(trainer.backend, "forward", lambda mb, **kw: calls.append(torch.is_grad_enabled()) or forward(mb, **kw))
+        try:
+            metrics = trainer.train_step()
+        finally:
+            trainer.env.close()
+        after = trainer.policy.state_dict()
+        assert any(not torch.equal(v, before[k]) for k, v in after.items()), "no parameter changed"
+        return after, calls, metrics
+
+    reused, reused_calls, reused_metrics = one_step("reused", separate_pass=False)
+    separate, separate_calls, _ = one_step("separate", separate_pass=True)
+    assert all(reused_calls) and not all(separate_calls)  # only the update's passes (with grad) when reused
+    assert len(separate_calls) > len(reused_calls)
+    assert reused_metrics["policy/ratio"] == pytest.approx(1.0, abs=1e-12)
+    for key, value in separate.items():
+        assert torch.allclose(reused[key], value, atol=1e-6), key

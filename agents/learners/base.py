@@ -16,6 +16,7 @@ The trainer's loop, for each rollout::
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
@@ -67,7 +68,7 @@ def check_train_config(config: TrainConfig, algo: str) -> None:
         raise ValueError(f"group_size and max_new_tokens must be >= 1, got {config.group_size}, {config.max_new_tokens}")
 
 
-class Algorithm:
+class Algorithm(ABC):
     """Base of the learners: the shared policy loss, and the hooks an algorithm fills in.
 
     Attributes:
@@ -112,11 +113,11 @@ class Algorithm:
         Call it before computing log-probs so dropped rows cost no forward pass."""
         return batch
 
+    @abstractmethod
     def compute_advantages(self, batch: TrainBatch) -> dict[str, float]:
         """Fill ``batch.advantages`` (and ``batch.returns`` where the algorithm has returns) from the
         rewards and, when KL is in the reward, from ``batch.old_logprobs`` and ``batch.ref_logprobs``.
         Returns statistics over trained tokens for logging."""
-        raise NotImplementedError
 
     def kl_rewards(self, batch: TrainBatch) -> torch.Tensor | None:
         """-kl_coef · KL_t per trained token (0 elsewhere) when the KL penalty goes in the reward, else
