@@ -3,7 +3,9 @@
 A demonstration follows a question's gold decomposition (one search per lookup, the parent's answer
 substituted into the next query, then the gold answer) - or, for a multi-hop question not chosen to
 take the second hop, it makes the *same* mistake every time: it answers right after the first search,
-with that search's answer (the bridge entity). The mistake is systematic on purpose: a policy cloned
+with that search's answer (the bridge entity). A question without a gold decomposition (real datasets
+such as HotpotQA have none) is demonstrated by one search for the question itself, then the gold
+answer. The mistake is systematic on purpose: a policy cloned
 from such demonstrations answers 2-hop questions wrongly under greedy decoding, while the few
 demonstrations that do search again keep that behaviour in its sampling distribution for RL to find.
 Random noise instead would be averaged away by greedy decoding and show nothing RL adds.
@@ -90,8 +92,8 @@ def make_demonstrations(
 
     Questions are taken from ``examples`` in a seeded shuffled order (cycling when ``n`` is larger).
     Of the multi-hop ones, exactly ``round(second_hop_rate * count)`` - a seeded choice - follow the
-    whole decomposition; the others stop after the first lookup. Examples need a gold decomposition
-    whose first node is a search (the synthetic world's questions have one).
+    whole decomposition; the others stop after the first lookup. An example without a gold decomposition
+    counts as one lookup: a search for its question, then its first gold answer.
     """
     if not 0.0 <= second_hop_rate <= 1.0:
         raise ValueError(f"second_hop_rate must be in [0, 1], got {second_hop_rate}")
@@ -101,7 +103,9 @@ def make_demonstrations(
         raise ValueError("no examples to demonstrate")
     for example in examples:
         if not _lookups(example):
-            raise ValueError(f"example {example.id!r} has no gold decomposition with a search to demonstrate")
+            raise ValueError(f"example {example.id!r} has a gold decomposition without a search to demonstrate")
+        if not example.golden_answers:
+            raise ValueError(f"example {example.id!r} has no gold answer to demonstrate")
     rng = random.Random(f"searchqa-demonstrations/{seed}")
     order = list(examples)
     rng.shuffle(order)
@@ -117,7 +121,10 @@ def make_demonstrations(
 
 
 def _lookups(example: QAExample) -> list[SubQuestion]:
-    """The decomposition's search nodes in order (a comparison's or yes/no check's final step is not one)."""
+    """The decomposition's search nodes in order (a comparison's or yes/no check's final step is not one);
+    without a decomposition, one search for the question itself."""
+    if not example.decomposition:
+        return [SubQuestion("A", example.question, example.golden_answers[0] if example.golden_answers else "")]
     return [node for node in example.decomposition if node.source is not None or not node.parents]
 
 

@@ -82,3 +82,19 @@ def test_bad_input(env, chains):
         make_demonstrations(env, chains, 5, second_hop_rate=1.5)
     with pytest.raises(ValueError, match="no examples"):
         make_demonstrations(env, [], 5, second_hop_rate=0.1)
+
+
+def test_a_question_without_a_decomposition_searches_itself_then_answers(env):
+    """Real datasets (HotpotQA, NQ) have no gold decomposition: the demonstration searches the question
+    and answers with the first gold answer."""
+    from dataclasses import replace
+
+    plain = [replace(ex, decomposition=[]) for ex in env.examples[:6]]
+    demos = make_demonstrations(env, plain, 6, second_hop_rate=0.0, seed=4)
+    by_id = {e.id: e for e in plain}
+    for traj, n in zip(demos.trajectories, demos.lookups):
+        example = by_id[traj.example_id]
+        assert n == 1 and [c.content.strip() for c in traj.tool_calls] == [example.question]
+        assert traj.answer == example.golden_answers[0] and traj.reward == 1.0
+    with pytest.raises(ValueError, match="no gold answer"):
+        make_demonstrations(env, [replace(plain[0], golden_answers=[])], 1, second_hop_rate=0.0)

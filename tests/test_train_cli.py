@@ -2,6 +2,7 @@
 (exit status 2, no traceback), and a short run prints the before/after table and where its files are."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,21 @@ def test_a_short_run_prints_the_table_and_its_files(tmp_path, capsys):
     paths = {line.split(":", 1)[0]: Path(line.split(":", 1)[1].strip()) for line in lines if line.startswith(("curve", "metrics", "checkpoint"))}
     assert set(paths) == {"curve", "metrics", "checkpoint"} and all(p.is_file() for p in paths.values())
     assert "tensorboard" not in out
+
+
+def test_a_warm_start_on_real_format_data_without_decompositions(tmp_path, capsys):
+    """A FlashRAG jsonl has no gold decompositions: the warm start demonstrates "search the question,
+    answer the gold answer" instead of failing."""
+    dataset = tmp_path / "qa.jsonl"
+    dataset.write_text("".join(f'{{"id": "{i}", "question": "Where was {name} born?", "golden_answers": ["{city}"]}}\n'
+                               for i, (name, city) in enumerate([("Ann", "Oslo"), ("Bo", "Lima"), ("Cy", "Rome")])))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"id": "p{i}", "title": "{name}", "text": "{name} was born in {city}."}}\n'
+                              for i, (name, city) in enumerate([("Ann", "Oslo"), ("Bo", "Lima"), ("Cy", "Rome")])))
+    argv = ["--algo", "grpo", "--dataset", str(dataset), "--corpus", str(corpus), "--steps", "1", "--questions_per_step", "2",
+            "--group_size", "2", "--max_new_tokens", "40", "--eval_questions", "0", "--sft_steps", "2", "--sft_examples", "4",
+            "--tensorboard", "false", "--output_dir", str(tmp_path / "run")]
+    assert main(argv) == 0
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    warm = [r for r in metrics if "sft/steps" in r]
+    assert warm and warm[0]["sft/steps"] == 2 and warm[0]["sft/demo_reward"] == 1.0
