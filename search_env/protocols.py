@@ -162,8 +162,15 @@ class Protocol:
         return ", ".join(named[:-1]) + " or " + named[-1]
 
     def _with_tools(self, system: str) -> str:
+        """``{tools}`` becomes :attr:`tools_text`, and an example plan's ``{tool_1}``/``{tool_2}`` the first
+        and second offered tools' names (the first when one is offered), so that the example never names
+        a tool the environment does not have."""
+        if not self.plan_tools:
+            return system
+        names = [name for name, _ in self.plan_tools]
         # str.replace, not str.format: system messages hold literal braces (ReSearch's \boxed{}).
-        return system.replace("{tools}", self.tools_text) if self.plan_tools else system
+        return (system.replace("{tools}", self.tools_text).replace("{tool_1}", names[0])
+                .replace("{tool_2}", names[1] if len(names) > 1 else names[0]))
 
     def results_text(self, passages: Sequence[Passage]) -> str:
         """The whole observation appended after a successful call."""
@@ -337,8 +344,8 @@ _REASONING_SEARCH_SYSTEM = (
     "is {tools}. Then write a "
     "line 'Edges:' followed by edges 'A -> B' (B needs the answer of A), several separated by ';'. Use at most "
     "8 nodes, edges only between declared nodes, no self-loops and no cycles. Use no other tags and no "
-    "Markdown.\nExample plan:\nNodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\n"
-    "C: new US tariff list commodities 2024 (News)\nEdges:\nA -> B ; C -> B"
+    "Markdown.\nExample plan:\nNodes:\nA: US tariffs 2024 ({tool_2})\nB: Tariffs impact on 401k & CPI ({tool_1})\n"
+    "C: new US tariff list commodities 2024 ({tool_2})\nEdges:\nA -> B ; C -> B"
 )
 
 

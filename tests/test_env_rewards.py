@@ -94,11 +94,18 @@ def test_the_prompt_offers_the_tools_the_env_serves(split_tag_tokenizer):
     prompt = env.render_prompt("Who?")
     assert "Tool is General (web search) or mydb. Then" in prompt, "General reaches wiki by the default alias; News and Academy are not served"
     assert "(news articles)" not in prompt and "{tools}" not in prompt
+    example = prompt.split("Example plan:")[1]
+    assert "(News)" not in example and example.count("(mydb)") == 2 and example.count("(General)") == 1
+    alone = SearchQAEnv("reasoning-search", dataset=EXAMPLES, sources={"mydb": CountingSource("mydb")},
+                        tokenizer=split_tag_tokenizer).render_prompt("Who?")
+    assert "Tool is mydb. Then" in alone and alone.split("Example plan:")[1].count("(mydb)") == 3
 
 
 def test_the_default_world_keeps_the_reference_prompt_and_scores_reference_plans_as_the_reference(split_tag_tokenizer):
     env = SearchQAEnv("reasoning-search", tokenizer=split_tag_tokenizer, world_size=20)
     assert "Tool is General (web search), News (news articles) or Academy (papers; use English keywords). Then" in env.render_prompt("Who?")
+    assert ("Example plan:\nNodes:\nA: US tariffs 2024 (News)\nB: Tariffs impact on 401k & CPI (General)\n"
+            "C: new US tariff list commodities 2024 (News)\nEdges:") in env.render_prompt("Who?")
     assert {"general", "news", "academy", "wiki", "papers", "all"} <= set(env.reward_options["tools"])
     env.reset(seed=0)
     gold = env.example.golden_answers[0]
