@@ -23,7 +23,7 @@ from search_env.data.example import QAExample
 from search_env.protocols import Protocol, available_protocols, get_protocol, register_protocol
 from search_env.sources.base import Passage, Source
 
-__all__ = ["COMPACT_SEARCH_R1", "demo_world"]
+__all__ = ["COMPACT_SEARCH_R1", "demo_world", "light_stem"]
 
 
 def _passage_texts(passages: Sequence[Passage]) -> str:
@@ -37,6 +37,7 @@ COMPACT_SEARCH_R1: Protocol = get_protocol("search-r1").with_options(
     result_suffix="</information>\n",
     format_docs=_passage_texts,
     error_template="\n<information>{message}</information>\n",
+    top_k=2,
 )
 """Search-R1's tags and reward with a one-line prompt and title-less results (see the module docstring)."""
 
@@ -44,9 +45,23 @@ if COMPACT_SEARCH_R1.name not in available_protocols():
     register_protocol(COMPACT_SEARCH_R1)
 
 
+_SUFFIXES = (("ies", "y"), ("ied", "y"), ("es", ""), ("ed", ""), ("s", ""))
+
+
+def light_stem(word: str) -> str:
+    """Strip one plural or past-tense ending ("studied" -> "study", "works" -> "work", "publishes" ->
+    "publish"), so that a question's verb finds the passage that states the fact: without it, BM25 ranks
+    a person's three passages equally for "Where did X study?" and the one that answers is not first."""
+    for suffix, replacement in _SUFFIXES:
+        if word.endswith(suffix) and len(word) > len(suffix) + 2:
+            return word[: -len(suffix)] + replacement
+    return word
+
+
 def demo_world(seed: int, n_questions: int, *, scale: int = 10, max_hops: int = 2) -> tuple[list[QAExample], dict[str, Source]]:
     """A synthetic world of chain questions (1..``max_hops`` lookups) with ``scale`` times the default
-    world's entities, and its sources: BM25 over each world source plus ``"all"`` over every passage."""
+    world's entities, and its sources: BM25 (words stemmed by :func:`light_stem`) over each world source
+    plus ``"all"`` over every passage."""
     from search_env.sources.bm25 import BM25Source
     from search_env.synthetic import WorldConfig, generate_world
 
@@ -56,6 +71,7 @@ def demo_world(seed: int, n_questions: int, *, scale: int = 10, max_hops: int = 
     config = replace(base, **{f"n_{kind}": getattr(base, f"n_{kind}") * scale
                               for kind in ("people", "companies", "cities", "countries", "universities", "journals")})
     world = generate_world(seed=seed, n_questions=n_questions, config=config)
-    sources: dict[str, Source] = {name: BM25Source(passages, name=name) for name, passages in world.sources.items()}
-    sources["all"] = BM25Source(world.passages(), name="all")
+    sources: dict[str, Source] = {name: BM25Source(passages, name=name, stemmer=light_stem)
+                                  for name, passages in world.sources.items()}
+    sources["all"] = BM25Source(world.passages(), name="all", stemmer=light_stem)
     return list(world.questions), sources
