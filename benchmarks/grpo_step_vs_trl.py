@@ -17,10 +17,11 @@ a one-line prompt (12 tokens) in a compact Search-R1 dialect, a large world, a 2
   ``rollout_func``: per turn, transformers ``generate`` over each whole context (re-prefilled each turn,
   which is what the hook gives a TRL user), the chunk to the environment, its tokens appended.
 
-What each side does by its own design, and keeps here: TRL scores only completion positions, through
-its chunked LM-head kernel (``fused_lm_head``); with one update pass it takes the old log-probs from the
-update's own forward pass instead of running one more; it pads a whole generation batch to its longest
-episode. Ours runs the old-log-prob pass and micro-batches trimmed to their own longest episode.
+What each side does by its own design, and keeps here: both apply the LM head only where log-probs
+are needed (TRL: completion positions, through its chunked ``fused_lm_head``; ours: from the first
+trained column) and, with one update pass of one optimiser step, take the old log-probs from the
+update's own forward pass instead of running one more. TRL pads a whole generation batch to its
+longest episode; ours groups episodes by length into micro-batches trimmed to their own longest one.
 ``GRPOConfig`` fields set on TRL's side are listed, with the reason, in
 :func:`benchmarks.peers.trl_grpo.build_trainer`.
 
