@@ -444,9 +444,10 @@ class SearchQAEnv(gym.Env):
 
     def _append_bytes(self, ids: Sequence[int]) -> None:
         tb = self._tok_bytes
-        for t in ids:
-            self._buf += tb[t]
-            self._ends.append(len(self._buf))
+        base = len(self._buf)
+        pieces = [tb[t] for t in ids]
+        self._ends.extend(x + base for x in accumulate(map(len, pieces)))
+        self._buf += b"".join(pieces)
 
     def _agent_token(self, a: int) -> Episode:
         before = len(self._buf)

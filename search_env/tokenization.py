@@ -51,6 +51,10 @@ def _piece_bytes_sentencepiece(piece: str) -> bytes:
     return piece.replace("\u2581", " ").encode("utf-8")
 
 
+#: How many distinct texts :meth:`TokenCodec.encode` remembers (then it starts over).
+ENCODE_CACHE_SIZE = 4096
+
+
 class TokenCodec:
     """The environment's handle on a tokenizer.
 
@@ -73,6 +77,7 @@ class TokenCodec:
         self.pad_id = self._find_pad_id()
         self.token_bytes: list[bytes] = self._build_byte_table(backend)
         self._tag_tables: dict[frozenset[int], tuple[list[bool], list[bool]]] = {}
+        self._encoded: dict[str, tuple[int, ...]] = {}
 
     # -- construction helpers -------------------------------------------------------------------
     def _find_eos_ids(self) -> list[int]:
@@ -140,10 +145,18 @@ class TokenCodec:
 
     # -- text <-> ids -----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Token ids of environment text, without BOS/EOS or other special tokens added."""
-        if self._is_hf:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        """Token ids of environment text, without BOS/EOS or other special tokens added.
+
+        The last :data:`ENCODE_CACHE_SIZE` texts' ids are remembered: a group's samples share their prompt,
+        and the same query's results recur across them."""
+        ids = self._encoded.get(text)
+        if ids is None:
+            encoded = self.tokenizer.encode(text, add_special_tokens=False)
+            ids = tuple(encoded if self._is_hf else encoded.ids)
+            if len(self._encoded) >= ENCODE_CACHE_SIZE:
+                self._encoded.clear()
+            self._encoded[text] = ids
+        return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` as the environment sees it (EOS ids add nothing; bad UTF-8 becomes U+FFFD)."""

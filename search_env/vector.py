@@ -97,7 +97,8 @@ class BatchSearchQAEnv:
             env.set_reward_step(step)
 
     def _answer_round(self, pending: dict[int, Request]) -> dict[int, Any]:
-        """Answer one round of requests: one batched call per source, plans side by side on threads."""
+        """Answer one round of requests: one batched call per source with each distinct query once,
+        plans side by side on threads."""
         answers: dict[int, Any] = {}
         by_source: dict[tuple[int, str], list[int]] = defaultdict(list)
         plans: list[int] = []
@@ -116,8 +117,11 @@ class BatchSearchQAEnv:
         for (_, name), members in by_source.items():
             env = self.envs[members[0]]
             k = max(pending[i].k for i in members)
-            results = env.search_batch(name, [pending[i].query for i in members], k)
-            for i, result in zip(members, results):
+            # A group's samples often ask the same query in the same round: each distinct query runs once.
+            queries = list(dict.fromkeys(pending[i].query for i in members))
+            found = dict(zip(queries, env.search_batch(name, queries, k)))
+            for i in members:
+                result = found[pending[i].query]
                 answers[i] = result if isinstance(result, BaseException) else result[: pending[i].k]
         if plans:
             for i, future in futures.items():

@@ -100,13 +100,27 @@ def test_search_time_is_one_pause_per_batched_round_and_not_env_time():
 
 
 class _TwoSearches:
-    """Searches twice, then answers."""
+    """Searches twice (its own queries, or the same ones as every other episode), then answers."""
+
+    def __init__(self, shared_queries=False):
+        self.shared_queries = shared_queries
 
     def start(self, example):
         self.left = 2
+        self.name = "zarbo" if self.shared_queries else example.id
 
     def next_text(self, writer, observation_text):
         if self.left:
             self.left -= 1
-            return writer.call(f"zarbo {self.left}")
+            return writer.call(f"{self.name} {self.left}")
         return writer.answer("Bob")
+
+
+def test_a_query_several_episodes_ask_in_one_round_is_searched_once():
+    source = CountingSource()
+    examples = [QAExample(f"q{i}", f"Who founded Zarbo {i}?", ["Bob"]) for i in range(4)]
+    env = BatchSearchQAEnv(4, dataset=examples, sources=source)
+    rollout = collect_rollouts(ScriptedRolloutAgent(lambda: _TwoSearches(shared_queries=True)), env, examples)
+    assert source.calls == [["zarbo 1"], ["zarbo 0"]]
+    for traj in rollout.trajectories:  # every episode still gets its results
+        assert [c.content for c in traj.tool_calls] == ["zarbo 1", "zarbo 0"] and all(c.passage_ids for c in traj.tool_calls)

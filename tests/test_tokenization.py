@@ -22,3 +22,22 @@ def test_other_vocabularies_fall_back_to_the_tokenizers_own_decoding():
     tok.decoder = decoders.WordPiece()
     codec = TokenCodec(tok, eos_ids=[1])
     assert codec.token_bytes[2] == b"zarbo" and codec.token_bytes[1] == b""
+
+
+def test_encode_remembers_texts_without_sharing_its_lists(monkeypatch):
+    import search_env.tokenization as tokenization
+    from search_env.tokenization import as_codec
+
+    codec = as_codec(None)
+    calls = []
+    real = codec.tokenizer.encode
+    monkeypatch.setattr(codec.tokenizer, "encode", lambda text, **kw: calls.append(text) or real(text, **kw), raising=False)
+    codec._encoded.clear()
+    first = codec.encode("Question: who founded Zarbo?")
+    first.append(-1)  # a caller's list is its own
+    again = codec.encode("Question: who founded Zarbo?")
+    assert again == real("Question: who founded Zarbo?", add_special_tokens=False).ids and calls == ["Question: who founded Zarbo?"]
+    monkeypatch.setattr(tokenization, "ENCODE_CACHE_SIZE", 2)
+    for text in ("a", "b", "c"):
+        codec.encode(text)
+    assert len(codec._encoded) <= 2  # bounded: it starts over when full
