@@ -275,11 +275,15 @@ class SearchQAEnv(gym.Env):
         """Begin a step with ``action`` (checked as :meth:`step` checks it): the agent's tokens are taken
         up to the first search call they close, whose request is returned. None: the step needs no
         search, call :meth:`finish_step`."""
+        return self.start_checked_step(*self._action_ids(action))
+
+    def start_checked_step(self, ids: list[int], chunk: bool) -> Request | None:
+        """:meth:`start_step` for an action already checked: ``ids`` and ``chunk`` as :meth:`check_action`
+        returns them (a batch checks every episode's action first and need not check it twice)."""
         if self._done:
             raise gym.error.ResetNeeded("start_step() called on a finished episode (or before reset()); call reset()")
         if self._episode is not None:
             raise RuntimeError("a step is in progress: give it its results (take_results) and finish it (finish_step)")
-        ids, chunk = self._action_ids(action)
         self._step_start, self._step_chunk = len(self._ids), chunk
         self._episode = self._advance(ids)
         return self._resume(None)
@@ -382,10 +386,11 @@ class SearchQAEnv(gym.Env):
 
     # ---------------------------------------------------------------------------------------------
     # Episode mechanics (generators: they yield requests and receive results)
-    def check_action(self, action: Any) -> None:
+    def check_action(self, action: Any) -> tuple[list[int], bool]:
         """Raise the ``ValueError`` that :meth:`step` would raise for ``action``, changing nothing (a batch
-        checks every episode's action before any episode starts its step)."""
-        self._action_ids(action)
+        checks every episode's action before any episode starts its step). Returns the action's ids and
+        whether it was a chunk, for :meth:`start_checked_step`."""
+        return self._action_ids(action)
 
     def _action_ids(self, action: Any) -> tuple[list[int], bool]:
         """Checked ids of an action, and whether it was a chunk (rather than one id)."""

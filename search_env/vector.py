@@ -62,13 +62,13 @@ class BatchSearchQAEnv:
         """
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        checked = {}
         for i, (env, action) in enumerate(zip(self.envs, actions)):
             if action is not None and env.done:
                 raise RuntimeError(f"episode {i} has ended: pass None as its action, or reset it")
             if action is not None:
-                env.check_action(action)  # all checked before any episode starts: a bad one changes nothing
-        stepped = [i for i, action in enumerate(actions) if action is not None]
-        pending = {i: self.envs[i].start_step(actions[i]) for i in stepped}
+                checked[i] = env.check_action(action)  # all checked before any episode starts: a bad one changes nothing
+        pending = {i: self.envs[i].start_checked_step(*ids_chunk) for i, ids_chunk in checked.items()}
         pending = {i: request for i, request in pending.items() if request is not None}
         while pending:
             answers = self._answer_round(pending)
