@@ -1,15 +1,20 @@
 """The embedded demo task: what a tiny policy trained from scratch learns on a CPU in minutes.
 
-Two choices make the task learnable at that size, and both are measured in ``benchmarks/learning.py``:
+Three choices make the task learnable at that size:
 
 * a compact dialect of Search-R1 (:data:`COMPACT_SEARCH_R1`): the same tags, stop strings and reward
   (EM of the last ``<answer>``), but a one-line prompt and results without the ``Doc i(Title: ...)``
   prefixes. A model trained from scratch gets nothing from instruction text, and every token of
   context costs it compute: an episode is about half as long as with Search-R1's 279-token prompt;
-* a *large* world (:func:`demo_world`): with the default world's ~125 entities, a 1M-parameter model
-  memorises the training world's questions and answers (its loss goes to ~0.03) and scores 0 on a world
-  with another seed; with ten times the entities it cannot, and learns to copy names from the question
-  and the results instead, which is what carries over to a world it has never seen.
+* a *large* world (:func:`demo_world`): a tiny model memorises a small world's facts before it learns
+  to copy names from the question and the results, and memorised facts score nothing on a world with
+  another seed. Measured on the held-out world's 1-hop questions, greedy, after 2,400 warm-start steps of
+  the 2x64 demo model (2-core CPU, 2026-11-22): 0.46 EM with 10 times the default world's entities and
+  4,000 questions (training loss 0.010: memorised), 0.73 with 50 times and 20,000 questions (loss 0.046);
+  and 0.56 after 3,600 steps at 10 times. The default is 50 times;
+* BM25 over lightly stemmed words (:func:`light_stem`) and two results per search: the passage that
+  answers a lookup comes first in about 97% of lookups (74% unstemmed), so that the answer is where a
+  small model learns to look.
 
 Questions are chain questions (1 and 2 lookups): comparisons and yes/no checks need reasoning over two
 results that a model of this size does not learn in minutes.
@@ -58,7 +63,7 @@ def light_stem(word: str) -> str:
     return word
 
 
-def demo_world(seed: int, n_questions: int, *, scale: int = 10, max_hops: int = 2) -> tuple[list[QAExample], dict[str, Source]]:
+def demo_world(seed: int, n_questions: int, *, scale: int = 50, max_hops: int = 2) -> tuple[list[QAExample], dict[str, Source]]:
     """A synthetic world of chain questions (1..``max_hops`` lookups) with ``scale`` times the default
     world's entities, and its sources: BM25 (words stemmed by :func:`light_stem`) over each world source
     plus ``"all"`` over every passage."""

@@ -44,7 +44,7 @@ from agents.trainer import Trainer
 from search_env import BatchSearchQAEnv
 from search_env.console import HelpFormatter
 
-__all__ = ["demo_config", "run_seed", "main"]
+__all__ = ["demo_config", "overrides", "run_seed", "main"]
 
 #: Target of the benchmark: 2-hop greedy EM on the held-out world.
 TARGET_EM = 0.9
@@ -54,10 +54,10 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     """The demo's training settings (the README's main command trains with these)."""
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2,
-        protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=4000, eval_world_seed=11,
+        protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=20000, eval_world_seed=11,
         steps=150, questions_per_step=8, group_size=8, max_new_tokens=96, max_context=1024, max_turns=4,
         temperature=1.0, learning_rate=3e-4, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=64,
-        sft_steps=1200, sft_examples=8000, sft_lr=5e-3, sft_second_hop_rate=0.05,
+        sft_steps=2400, sft_examples=8000, sft_lr=5e-3, sft_second_hop_rate=0.05,
         eval_questions=100, seed=seed, progress=False, tensorboard=False, output_dir=f"runs/learning/seed{seed}",
     )
     return replace(config, **changes)
@@ -225,6 +225,28 @@ def plot(runs: Sequence[SeedRun], path: Path) -> Path:
     return path
 
 
+def overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``FIELD=VALUE`` items as demo-config changes; values are read as YAML, and a float field takes
+    ``1e-3`` or ``1`` too (YAML reads the one as a string, the other as an int)."""
+    import yaml
+
+    defaults = demo_config()
+    changes: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
+        if not hasattr(defaults, name):
+            raise ValueError(f"--set: the demo config has no field {name!r}")
+        changes[name] = yaml.safe_load(value)
+        if isinstance(getattr(defaults, name), float) and isinstance(changes[name], (int, str)):
+            try:
+                changes[name] = float(changes[name])
+            except ValueError:
+                raise ValueError(f"--set {name} takes a number, got {value!r}") from None
+    return changes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds, one run each")
@@ -234,14 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="override demo config fields (YAML values), e.g. --set learning_rate=1e-4 steps=100")
     args = parser.parse_args(argv)
-    import yaml
-
-    changes = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set takes FIELD=VALUE, got {item!r}")
-        changes[name] = yaml.safe_load(value)
+    try:
+        changes = overrides(args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
     runs = []
     for seed in args.seeds:
         config = demo_config(seed, output_dir=str(args.output_dir / f"seed{seed}"), **changes)

@@ -233,3 +233,18 @@ def test_help_shows_defaults(module: str, capsys: pytest.CaptureFixture[str]) ->
     out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
     assert exit_info.value.code == 0
     assert out.count("(default: ") >= 3
+
+
+def test_learning_overrides_read_yaml_values_and_numbers_for_float_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.learning import main, overrides
+
+    changes = overrides(["learning_rate=1e-3", "sft_lr=1", "steps=20", "progress=true"])
+    assert changes == {"learning_rate": 0.001, "sft_lr": 1.0, "steps": 20, "progress": True}
+    assert all(type(changes[k]) is float for k in ("learning_rate", "sft_lr"))
+    with pytest.raises(ValueError, match="no field 'learning_rat'"):
+        overrides(["learning_rat=1e-3"])
+    with pytest.raises(ValueError, match="takes a number"):
+        overrides(["learning_rate=fast"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--set", "learning_rate"])
+    assert exit_info.value.code == 2 and "FIELD=VALUE" in capsys.readouterr().err
