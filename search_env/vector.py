@@ -80,12 +80,11 @@ class BatchSearchQAEnv:
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
         for i, env in enumerate(self.envs):
-            if actions[i] is None:
-                observations.append({"token_ids": (), "producers": ()})
-                infos.append({})
-                terminated[i], truncated[i] = env.terminated, env.truncated
-                continue
-            obs, rewards[i], terminated[i], truncated[i], info = env.finish_step()
+            if i in checked:
+                obs, rewards[i], terminated[i], truncated[i], info = env.finish_step()
+            else:  # not stepped: nothing new (read the flags directly: this runs for every idle episode)
+                obs, info = {"token_ids": (), "producers": ()}, {}
+                terminated[i], truncated[i] = env._terminated, env._truncated
             observations.append(obs)
             infos.append(info)
         return observations, rewards, terminated, truncated, infos
