@@ -7,7 +7,7 @@ Per seed, with the project's :class:`agents.trainer.Trainer` (the steps the READ
 1. a tiny Llama over the built-in tokenizer, trained from scratch, evaluated on held-out questions of
    a world with another seed (names it has never seen, so it must search);
 2. a supervised warm start (:func:`agents.sft.warm_start`) on scripted demonstrations that stop after
-   the first search on 2-hop questions and answer with the bridge entity, except in a few percent
+   the first search on 2-hop questions and answer with the bridge entity, except in 10%
    (``sft_second_hop_rate``) of them: a systematic mistake, so greedy 2-hop EM starts near 0;
 3. GRPO steps until the run's ``steps`` or the time budget (SFT included) is spent, evaluating 1-hop and
    2-hop greedy EM on the held-out world every ``--eval-every`` steps for the curve.
@@ -56,8 +56,8 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2,
         protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=20000, eval_world_seed=11,
         steps=150, questions_per_step=8, group_size=8, max_new_tokens=96, max_context=1024, max_turns=4,
-        temperature=1.0, learning_rate=3e-4, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=64,
-        sft_steps=2400, sft_examples=8000, sft_lr=5e-3, sft_second_hop_rate=0.05,
+        temperature=1.0, learning_rate=1e-3, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=64,
+        sft_steps=2400, sft_examples=8000, sft_lr=5e-3, sft_second_hop_rate=0.1,
         eval_questions=100, seed=seed, progress=False, tensorboard=False, output_dir=f"runs/learning/seed{seed}",
     )
     return replace(config, **changes)
