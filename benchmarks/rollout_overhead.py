@@ -2,14 +2,15 @@
 
 The demo's rollout, as ``benchmarks/learning.py`` trains it (:func:`benchmarks.learning.demo_config`:
 the tiny policy, the compact Search-R1 dialect, the large synthetic world, 8 questions x 8 samples),
-with the policy warm-started on scripted demonstrations so that it searches and answers as the demo
-does (an untrained model never searches and would make the environment look free). ``--runs``
+with the policy warm-started as the demo warm-starts it, so that it searches and answers as the demo
+does (an untrained model never searches and would make the environment look free; a half-trained one
+loops on malformed calls and makes it look dear). ``--runs``
 rollouts on fresh questions; each run's split comes from :class:`~agents.rollout.RolloutTimings`, and
 the medians are reported.
 
     python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt
 
-The warm start takes minutes on a busy CPU; ``--policy-cache`` keeps its result for later runs.
+The warm start takes about six minutes; ``--policy-cache`` keeps its result for later runs.
 """
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ _REPORTED = ("time_generation", "time_env", "time_search", "time_other", "reward
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--runs", type=int, default=9, help="rollouts measured (the median is reported)")
-    parser.add_argument("--sft-steps", type=int, default=150, help="warm-start steps of the demo policy (0: untrained)")
-    parser.add_argument("--sft-examples", type=int, default=1024, help="demonstrations for the warm start")
+    demo = demo_config()
+    parser.add_argument("--sft-steps", type=int, default=demo.sft_steps,
+                        help="warm-start steps of the demo policy, as the demo takes (0: untrained)")
+    parser.add_argument("--sft-examples", type=int, default=demo.sft_examples, help="demonstrations for the warm start")
     parser.add_argument("--policy-cache", help="load the warm-started policy from this file, or warm start and save it there")
     parser.add_argument("--cache-size", type=int, default=0, help="the environment's search cache (0: none, as the demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
