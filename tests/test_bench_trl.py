@@ -3,10 +3,13 @@ benchmark runs end to end and reports both sides. Skipped when TRL (an optional 
 import os
 
 import pytest
-import torch
 
-pytest.importorskip("trl", reason="TRL is an optional extra: pip install 'searchqa-gym[trl]'")
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers", "yaml")
+skip_without("trl", "trl", "datasets")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+import torch  # noqa: E402
 
 from agents.models import tiny_causal_lm  # noqa: E402
 from agents.policy import HFPolicy  # noqa: E402

@@ -11,6 +11,7 @@ import pytest
 
 from agents import DialectWriter
 from search_env.data.example import QAExample
+from tests.conftest import skip_without
 
 CORPUS = [
     {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
@@ -221,12 +222,20 @@ def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: 
 
 COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial", "benchmarks.grpo_step_vs_trl", "benchmarks.learning", "benchmarks.rollout_overhead", "benchmarks.retrieval_recall",
             "benchmarks.retrieval_throughput", "search_env.server.__main__"]
+AGENTS_EXTRA = ("agents", "torch", "transformers", "yaml")
+NEEDS = {  # the extra, and its packages, that a command's module imports; the others need the core only
+    "benchmarks.grpo_step_vs_trl": AGENTS_EXTRA,  # TRL itself is imported when the command runs
+    "benchmarks.learning": AGENTS_EXTRA,
+    "benchmarks.rollout_overhead": AGENTS_EXTRA,
+    "benchmarks.retrieval_throughput": ("server", "requests"),
+    "search_env.server.__main__": ("server", "starlette"),
+}
 
 
 @pytest.mark.parametrize("module", COMMANDS)
 def test_help_shows_defaults(module: str, capsys: pytest.CaptureFixture[str]) -> None:
-    if module.endswith("throughput") or module.startswith("search_env.server"):
-        pytest.importorskip("requests" if module.endswith("throughput") else "starlette")
+    if module in NEEDS:
+        skip_without(*NEEDS[module])
     entry = importlib.import_module(module)
     with pytest.raises(SystemExit) as exit_info:
         (entry.parse_args if hasattr(entry, "parse_args") else entry.main)(["--help"])
@@ -236,6 +245,7 @@ def test_help_shows_defaults(module: str, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_learning_overrides_read_yaml_values_and_numbers_for_float_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*NEEDS["benchmarks.learning"])
     from benchmarks.learning import main, overrides
 
     changes = overrides(["learning_rate=1e-3", "sft_lr=1", "steps=20", "progress=true"])

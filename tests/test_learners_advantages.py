@@ -2,9 +2,13 @@
 returns across environment spans, whitening over trained tokens, GRPO groups (singleton, all-equal),
 DAPO's group filter and overlong penalty, reward placement."""
 import pytest
-import torch
 
-from agents.learners.advantages import (
+from tests.conftest import skip_without
+
+skip_without("agents", "torch")
+import torch  # noqa: E402
+
+from agents.learners.advantages import (  # noqa: E402
     filter_groups, gae, group_normalized_scores, grpo_advantages, overlong_penalty, place_on_last_token,
     reinforce_pp_returns, whiten,
 )

@@ -7,16 +7,20 @@ import copy
 from dataclasses import dataclass
 
 import pytest
-import torch
 
-from agents.batch import TrainBatch
-from agents.learners import (
+from tests.conftest import skip_without
+
+skip_without("agents", "torch")
+import torch  # noqa: E402
+
+from agents.batch import TrainBatch  # noqa: E402
+from agents.learners import (  # noqa: E402
     AGG_MODES, GRPO, PPO, GRPOConfig, PPOConfig, ReinforcePP, ReinforcePPBaseline, ReinforcePPBaselineConfig,
     ReinforcePPConfig, build_algorithm, lookup_algorithm,
 )
-from agents.learners.advantages import place_on_last_token
-from agents.learners.core import entropy_from_logits
-from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
+from agents.learners.advantages import place_on_last_token  # noqa: E402
+from agents.learners.core import entropy_from_logits  # noqa: E402
+from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory  # noqa: E402
 
 NAN = float("nan")
 F64 = torch.float64

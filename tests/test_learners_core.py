@@ -3,9 +3,13 @@ surrogate (low/high/dual clip), the clipped value loss, entropy; masked position
 import math
 
 import pytest
-import torch
 
-from agents.learners.core import (
+from tests.conftest import skip_without
+
+skip_without("agents", "torch")
+import torch  # noqa: E402
+
+from agents.learners.core import (  # noqa: E402
     BatchCounts, aggregate, entropy_from_logits, kl_estimate, masked_mean, policy_loss, token_share, value_loss,
 )
 

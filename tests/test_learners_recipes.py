@@ -9,11 +9,15 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-import yaml
 
-from rewards.registry import get as get_preset
-from agents.learners import build_algorithm, lookup_algorithm
-from search_env.protocols import get_protocol
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "yaml")
+import yaml  # noqa: E402
+
+from rewards.registry import get as get_preset  # noqa: E402
+from agents.learners import build_algorithm, lookup_algorithm  # noqa: E402
+from search_env.protocols import get_protocol  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "agents" / "configs"
 RECIPES = ["r-search-grpo", "r1-searcher-reinforce-pp-baseline", "research-grpo", "search-r1-grpo", "search-r1-ppo"]

@@ -4,12 +4,16 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
 
-from agents.models import load_policy, load_smollm2, tiny_causal_lm
-from agents.policy import HFPolicy, ValueModel, position_ids_from_mask
-from search_env.synthetic.tokenizer import BUILTIN_TOKENIZER_PATH
-from search_env.tokenization import as_codec
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+
+from agents.models import load_policy, load_smollm2, tiny_causal_lm  # noqa: E402
+from agents.policy import HFPolicy, ValueModel, position_ids_from_mask  # noqa: E402
+from search_env.synthetic.tokenizer import BUILTIN_TOKENIZER_PATH  # noqa: E402
+from search_env.tokenization import as_codec  # noqa: E402
 
 VOCAB = 4096
 

@@ -22,14 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-import agents.train
-import agents.trainer
-from agents import RetrieveThenAnswerAgent, run_episode
-from agents.checkpoint import load_checkpoint
-from search_env.data.loaders import load_dataset
-from search_env.trajectory import AGENT
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "tensorboard", "matplotlib")
+import torch  # noqa: E402
+
+import agents.train  # noqa: E402
+import agents.trainer  # noqa: E402
+from agents import RetrieveThenAnswerAgent, run_episode  # noqa: E402
+from agents.checkpoint import load_checkpoint  # noqa: E402
+from search_env.data.loaders import load_dataset  # noqa: E402
+from search_env.trajectory import AGENT  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,18 +11,22 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
-from torch import nn
 
-import agents.sampler as sampler_module
-from agents.demo_task import COMPACT_SEARCH_R1
-from agents.interface import Chunk
-from agents.models import tiny_causal_lm
-from agents.policy import HFPolicy
-from agents.rollout import build_batch, collect_rollouts
-from agents.sampler import HFSampler
-from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, get_protocol
-from search_env.tokenization import as_codec
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import agents.sampler as sampler_module  # noqa: E402
+from agents.demo_task import COMPACT_SEARCH_R1  # noqa: E402
+from agents.interface import Chunk  # noqa: E402
+from agents.models import tiny_causal_lm  # noqa: E402
+from agents.policy import HFPolicy  # noqa: E402
+from agents.rollout import build_batch, collect_rollouts  # noqa: E402
+from agents.sampler import HFSampler  # noqa: E402
+from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, get_protocol  # noqa: E402
+from search_env.tokenization import as_codec  # noqa: E402
 
 
 class TagBiasedLM(nn.Module):

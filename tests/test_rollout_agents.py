@@ -7,15 +7,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agents.endpoint import CompletionsEndpointAgent
-from agents.interface import RolloutAgent, ScriptedRolloutAgent, turn_stop_strings
-from agents.rollout import collect_rollouts
-from agents.sampler import HFSampler, StopScanner
-from agents.scripted import OracleAgent, run_episode
-from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, SearchQAEnv, get_protocol
-from search_env.data.example import QAExample
-from search_env.tokenization import as_codec
-from tests.conftest import CountingSource
+from tests.conftest import CountingSource, skip_without
+
+skip_without("agents", "torch", "transformers", "httpx")
+from agents.endpoint import CompletionsEndpointAgent  # noqa: E402
+from agents.interface import RolloutAgent, ScriptedRolloutAgent, turn_stop_strings  # noqa: E402
+from agents.rollout import collect_rollouts  # noqa: E402
+from agents.sampler import HFSampler, StopScanner  # noqa: E402
+from agents.scripted import OracleAgent, run_episode  # noqa: E402
+from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, SearchQAEnv, get_protocol  # noqa: E402
+from search_env.data.example import QAExample  # noqa: E402
+from search_env.tokenization import as_codec  # noqa: E402
 
 TOKENS = [b"</", b"sea", b"rch>", b"</search>x", b"h>", b">", b"x", b"search", b"</answer>"]
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
-from agents.interface import ScriptedRolloutAgent
-from agents.rollout import _search_time, build_batch, collect_rollouts
-from agents.scripted import OracleAgent
-from search_env import BatchSearchQAEnv
-from search_env.data.example import QAExample
-from search_env.trajectory import ToolCall, Trajectory
-from tests.conftest import CountingSource
+from tests.conftest import CountingSource, skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+
+from agents.interface import ScriptedRolloutAgent  # noqa: E402
+from agents.rollout import _search_time, build_batch, collect_rollouts  # noqa: E402
+from agents.scripted import OracleAgent  # noqa: E402
+from search_env import BatchSearchQAEnv  # noqa: E402
+from search_env.data.example import QAExample  # noqa: E402
+from search_env.trajectory import ToolCall, Trajectory  # noqa: E402
 
 
 def _traj(ids, producers, trained, reward, example_id="q"):

@@ -5,13 +5,16 @@ import importlib.util
 
 import pytest
 
-from agents.models import load_smollm2
-from agents.policy import HFPolicy
-from agents.rollout import collect_rollouts
-from agents.sampler import HFSampler
-from search_env import SEED_PROTOCOLS, BatchSearchQAEnv
-from search_env.tokenization import as_codec
-from tests.test_rollout import biased_policy, check_token_in_token_out, multi_turn
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+from agents.models import load_smollm2  # noqa: E402
+from agents.policy import HFPolicy  # noqa: E402
+from agents.rollout import collect_rollouts  # noqa: E402
+from agents.sampler import HFSampler  # noqa: E402
+from search_env import SEED_PROTOCOLS, BatchSearchQAEnv  # noqa: E402
+from search_env.tokenization import as_codec  # noqa: E402
+from tests.test_rollout import biased_policy, check_token_in_token_out, multi_turn  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

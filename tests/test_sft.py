@@ -2,15 +2,19 @@
 import math
 
 import pytest
-import torch
 
-from agents.config import TrainConfig
-from agents.demonstrations import make_demonstrations
-from agents.models import tiny_causal_lm
-from agents.policy import HFPolicy
-from agents.rollout import build_batch
-from agents.sft import _lr_factor, sft_loss, trained_token_logprobs, warm_start
-from search_env import SearchQAEnv
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+
+from agents.config import TrainConfig  # noqa: E402
+from agents.demonstrations import make_demonstrations  # noqa: E402
+from agents.models import tiny_causal_lm  # noqa: E402
+from agents.policy import HFPolicy  # noqa: E402
+from agents.rollout import build_batch  # noqa: E402
+from agents.sft import _lr_factor, sft_loss, trained_token_logprobs, warm_start  # noqa: E402
+from search_env import SearchQAEnv  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.learners import GRPOConfig, PPOConfig
-from agents.models import tiny_causal_lm
-from agents.train import main, parse_config
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "matplotlib")
+from agents.learners import GRPOConfig, PPOConfig  # noqa: E402
+from agents.models import tiny_causal_lm  # noqa: E402
+from agents.train import main, parse_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "agents" / "configs" / "search-r1-grpo.yaml"

@@ -6,10 +6,14 @@ import dataclasses
 import json
 
 import pytest
-import torch
 
-from agents.learners import lookup_algorithm
-from agents.train import build_trainer
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers", "yaml", "tensorboard", "matplotlib")
+import torch  # noqa: E402
+
+from agents.learners import lookup_algorithm  # noqa: E402
+from agents.train import build_trainer  # noqa: E402
 
 ALGOS = ["ppo", "grpo", "reinforce++", "reinforce++-baseline"]
 

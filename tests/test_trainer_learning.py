@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import pytest
 
-from agents.demo_task import COMPACT_SEARCH_R1
-from agents.evaluation import summarize
-from agents.learners import lookup_algorithm
-from agents.rollout import collect_rollouts
-from agents.sampler import HFSampler
-from agents.sft import warm_start
-from agents.train import build_trainer
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers", "yaml", "matplotlib")
+from agents.demo_task import COMPACT_SEARCH_R1  # noqa: E402
+from agents.evaluation import summarize  # noqa: E402
+from agents.learners import lookup_algorithm  # noqa: E402
+from agents.rollout import collect_rollouts  # noqa: E402
+from agents.sampler import HFSampler  # noqa: E402
+from agents.sft import warm_start  # noqa: E402
+from agents.train import build_trainer  # noqa: E402
 
 QUESTIONS = 4
 

@@ -9,18 +9,22 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
-from agents.backend import TorchBackend
-from agents.batch import TrainBatch
-from agents.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
-from agents.config import TrainConfig
-from agents.evaluation import EvalResult, format_table, predicted_answer, reward_component_means, summarize
-from agents.logger import RunLogger, read_metrics
-from agents.models import tiny_causal_lm
-from agents.policy import HFPolicy, ValueModel, position_ids_from_mask
-from agents.trainer import QuestionOrder
-from search_env.trajectory import AGENT, ENVIRONMENT, ToolCall, Trajectory
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+
+from agents.backend import TorchBackend  # noqa: E402
+from agents.batch import TrainBatch  # noqa: E402
+from agents.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint  # noqa: E402
+from agents.config import TrainConfig  # noqa: E402
+from agents.evaluation import EvalResult, format_table, predicted_answer, reward_component_means, summarize  # noqa: E402
+from agents.logger import RunLogger, read_metrics  # noqa: E402
+from agents.models import tiny_causal_lm  # noqa: E402
+from agents.policy import HFPolicy, ValueModel, position_ids_from_mask  # noqa: E402
+from agents.trainer import QuestionOrder  # noqa: E402
+from search_env.trajectory import AGENT, ENVIRONMENT, ToolCall, Trajectory  # noqa: E402
 
 
 # -- backend --------------------------------------------------------------------------------------
