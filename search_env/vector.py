@@ -82,9 +82,9 @@ class BatchSearchQAEnv:
         for i, env in enumerate(self.envs):
             if i in checked:
                 obs, rewards[i], terminated[i], truncated[i], info = env.finish_step()
-            else:  # not stepped: nothing new (read the flags directly: this runs for every idle episode)
+            else:  # not stepped: nothing new, the flags as they stand (properties reading one attribute each: cheap)
                 obs, info = {"token_ids": (), "producers": ()}, {}
-                terminated[i], truncated[i] = env._terminated, env._truncated
+                terminated[i], truncated[i] = env.terminated, env.truncated
             observations.append(obs)
             infos.append(info)
         return observations, rewards, terminated, truncated, infos
