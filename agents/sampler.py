@@ -25,6 +25,7 @@ tensor ops on the whole batch.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -39,7 +40,7 @@ from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
-__all__ = ["HFSampler", "StopScanner"]
+__all__ = ["HFSampler", "StopScanner", "cache_keyword"]
 
 #: Set idle rows aside once they are at least this share of the decoding batch.
 PARK_FRACTION = 0.25
@@ -183,6 +184,12 @@ class StopScanner:
         return any(window.find(s, max(0, len(head) - len(s) + 1)) != -1 for s in self.stops)
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name ``model.forward`` takes its KV cache by: transformers 5.24 renamed ``past_key_values`` to
+    ``cache`` (the old name still works, with a deprecation warning on every call)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFSampler:
     """A :class:`~agents.interface.RolloutAgent` sampling from an :class:`~agents.policy.HFPolicy`.
 
@@ -214,6 +221,7 @@ class HFSampler:
         self._eos[list(self.codec.eos_ids)] = True
         self._scanners: dict[tuple[str, ...], tuple[StopScanner, torch.Tensor]] = {}
         self._kv: _KVBatch | None = None
+        self._cache_arg = cache_keyword(self.model)
 
     # -- RolloutAgent -------------------------------------------------------------------------------
     def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
@@ -297,7 +305,7 @@ class HFSampler:
         kv.mask = torch.cat([kv.mask, block_mask], dim=1)
         kv.ids = torch.cat([kv.ids, block_ids], dim=1)
         out = self.model(input_ids=block_ids, attention_mask=kv.mask, position_ids=positions,
-                         past_key_values=kv.cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self._cache_arg: kv.cache})
         kv.pos = kv.pos + block_mask.sum(1)
         return out.logits[:, -1, : self.codec.vocab_size]
 

@@ -24,7 +24,7 @@ from agents.interface import Chunk  # noqa: E402
 from agents.models import tiny_causal_lm  # noqa: E402
 from agents.policy import HFPolicy  # noqa: E402
 from agents.rollout import build_batch, collect_rollouts  # noqa: E402
-from agents.sampler import HFSampler  # noqa: E402
+from agents.sampler import HFSampler, cache_keyword  # noqa: E402
 from search_env import AGENT, SEED_PROTOCOLS, BatchSearchQAEnv, get_protocol  # noqa: E402
 from search_env.tokenization import as_codec  # noqa: E402
 
@@ -59,9 +59,9 @@ class TagBiasedLM(nn.Module):
     def get_input_embeddings(self):
         return self.lm.get_input_embeddings()
 
-    def forward(self, input_ids, attention_mask=None, past_key_values=None, **kwargs):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
-        if past_key_values is not None:
+    def forward(self, input_ids, attention_mask=None, cache=None, **kwargs):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, **{cache_keyword(self.lm): cache}, **kwargs)
+        if cache is not None:
             self.fed_tokens += int(attention_mask[:, -input_ids.shape[1] :].sum())
             if input_ids.shape[1] == 1:
                 self.decode_batch_sizes.append(input_ids.shape[0])
