@@ -24,6 +24,7 @@ class TrainConfig:
         tiny_layers: layers of the ``"tiny"`` model.
         tiny_hidden: hidden size of the ``"tiny"`` model.
         tiny_heads: attention heads of the ``"tiny"`` model.
+        tiny_head_dim: width of each head of the ``"tiny"`` model (``None``: ``tiny_hidden // tiny_heads``).
         protocol: the environment's protocol (tag dialect, prompt, reward preset).
         dataset: ``"synthetic"`` or a FlashRAG jsonl / Search-R1 parquet path.
         corpus: the passages a real dataset is searched in: a ``{id, title, text}`` jsonl.
@@ -90,6 +91,7 @@ class TrainConfig:
     tiny_layers: int = 2
     tiny_hidden: int = 128
     tiny_heads: int = 4
+    tiny_head_dim: int | None = None
     protocol: str = "search-r1"
     dataset: str = "synthetic"
     corpus: str | None = None

@@ -29,6 +29,7 @@ def tiny_causal_lm(
     layers: int = 2,
     hidden: int = 128,
     heads: int = 4,
+    head_dim: int | None = None,
     kv_heads: int | None = None,
     intermediate: int | None = None,
     max_positions: int = 8192,
@@ -44,6 +45,9 @@ def tiny_causal_lm(
         arch: ``"llama"`` or ``"qwen2"`` (Qwen2 adds biases to the q/k/v projections).
         layers / hidden / heads / kv_heads / intermediate: the transformer's shape (``kv_heads``
             defaults to ``heads``, ``intermediate`` to ``4 * hidden``).
+        head_dim: width of each attention head (default ``hidden // heads``). Heads wider than that
+            copy a name or number from the context more exactly: a head's value/output path has rank
+            ``head_dim``, and copying a token means reproducing its embedding.
         max_positions: longest context the rotary embedding is configured for.
         dropout: attention dropout (active only in ``train()`` mode; rollouts run in ``eval()``).
         eos_id / pad_id: recorded in the config for tools that read them.
@@ -54,12 +58,13 @@ def tiny_causal_lm(
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
     if arch not in classes:
         raise ValueError(f"arch must be one of {sorted(classes)}, not {arch!r}")
-    if hidden % heads:
+    if hidden % heads:  # transformers' configs require it even when head_dim is given
         raise ValueError(f"hidden={hidden} is not a multiple of heads={heads}")
     config_cls, model_cls = classes[arch]
     config = config_cls(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+        head_dim=head_dim or hidden // heads,
         max_position_embeddings=max_positions, attention_dropout=dropout, tie_word_embeddings=True,
         eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
     )
@@ -94,6 +99,7 @@ def load_policy(
     tiny_layers: int = 2,
     tiny_hidden: int = 128,
     tiny_heads: int = 4,
+    tiny_head_dim: int | None = None,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> HFPolicy:
@@ -101,7 +107,7 @@ def load_policy(
 
     ``tokenizer`` is a tokenizer path (``None``: the model's own; the built-in tokenizer for ``"tiny"``).
     Build the environment with ``tokenizer=policy.codec`` so both share one vocabulary. ``"tiny"`` is
-    sized by ``tiny_layers``/``tiny_hidden``/``tiny_heads`` and initialised from ``seed``.
+    sized by ``tiny_layers``/``tiny_hidden``/``tiny_heads``/``tiny_head_dim`` and initialised from ``seed``.
 
     Raises:
         ValueError: the model path does not exist, or the tokenizer does not fit the model's embedding.
@@ -111,7 +117,7 @@ def load_policy(
     if model == "tiny":
         codec = as_codec(tokenizer)
         lm = tiny_causal_lm(codec.vocab_size, layers=tiny_layers, hidden=tiny_hidden, heads=tiny_heads,
-                            eos_id=min(codec.eos_ids), pad_id=codec.pad_id, seed=seed)
+                            head_dim=tiny_head_dim, eos_id=min(codec.eos_ids), pad_id=codec.pad_id, seed=seed)
         return HFPolicy(lm, codec, value_head=value_head)
     if model == "smollm2":
         lm, own_tokenizer = load_smollm2(dtype=dtype)

@@ -112,7 +112,7 @@ def build_trainer(config: TrainConfig) -> Trainer:
     algorithm = build_algorithm(config)
     policy = load_policy(
         config.model, config.tokenizer, value_head=algorithm.value_head, tiny_layers=config.tiny_layers,
-        tiny_hidden=config.tiny_hidden, tiny_heads=config.tiny_heads, seed=config.seed,
+        tiny_hidden=config.tiny_hidden, tiny_heads=config.tiny_heads, tiny_head_dim=config.tiny_head_dim, seed=config.seed,
     ).to(config.device)
     critic, critic_lr = None, None
     if algorithm.uses_critic and not algorithm.value_head:  # PPO's separate critic starts as a copy of the policy

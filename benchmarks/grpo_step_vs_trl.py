@@ -125,7 +125,7 @@ def warm_started(trainer: Trainer, config: GRPOConfig, cache: str | None) -> Non
     the weights an earlier run with the same warm-start settings saved in ``cache`` (it is minutes of work)."""
     key = {"sft_steps": config.sft_steps, "sft_batch": SFT_BATCH, "sft_lr": config.sft_lr, "seed": config.seed,
            "protocol": config.protocol, "world_size": config.world_size,
-           "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads]}
+           "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads, config.tiny_head_dim]}
     if cache and os.path.exists(cache):
         saved = torch.load(cache, weights_only=True)
         if saved["key"] != key:

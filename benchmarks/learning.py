@@ -103,7 +103,7 @@ def build(config: GRPOConfig) -> tuple[Trainer, BatchSearchQAEnv, dict[int, list
     torch.manual_seed(config.seed)
     algorithm = build_algorithm(config)
     policy = load_policy(config.model, config.tokenizer, tiny_layers=config.tiny_layers, tiny_hidden=config.tiny_hidden,
-                         tiny_heads=config.tiny_heads, seed=config.seed)
+                         tiny_heads=config.tiny_heads, tiny_head_dim=config.tiny_head_dim, seed=config.seed)
     backend = TorchBackend(policy, config, with_reference=algorithm.uses_reference)
     options = dict(protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,
                    max_context=config.max_context, max_turns=config.max_turns)

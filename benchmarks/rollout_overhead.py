@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = demo_config(args.seed, sft_steps=args.sft_steps, sft_examples=args.sft_examples)
 
     policy = load_policy(config.model, config.tokenizer, tiny_layers=config.tiny_layers, tiny_hidden=config.tiny_hidden,
-                         tiny_heads=config.tiny_heads, seed=config.seed)
+                         tiny_heads=config.tiny_heads, tiny_head_dim=config.tiny_head_dim, seed=config.seed)
     examples, sources = demo_world(config.world_seed, config.world_size, max_hops=config.world_max_hops)
     env = BatchSearchQAEnv(config.questions_per_step * config.group_size, dataset=examples, sources=sources,
                            protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,

@@ -174,6 +174,22 @@ def test_tiny_models_are_a_function_of_their_seed_and_leave_the_global_rng_alone
         tiny_causal_lm(VOCAB, arch="gpt2")
 
 
+def test_head_dim_widens_each_head_past_hidden_over_heads(codec):
+    lm = tiny_causal_lm(VOCAB, hidden=32, heads=2, head_dim=48, seed=1)
+    attention = lm.model.layers[0].self_attn
+    assert attention.q_proj.out_features == 2 * 48 and attention.o_proj.in_features == 2 * 48
+    assert attention.o_proj.out_features == 32
+    policy = HFPolicy(lm, codec).eval()
+    (seq,) = _sequences([6])
+    ids, mask = _pad([seq], "left")
+    with torch.no_grad():
+        assert torch.allclose(policy(ids, mask).logprobs[0].double(), _manual(lm, seq, 1.0)[0], atol=1e-5)
+    with pytest.raises(ValueError, match="not a multiple of heads"):
+        tiny_causal_lm(VOCAB, hidden=30, heads=4)
+    wide = load_policy("tiny", tiny_layers=1, tiny_hidden=32, tiny_heads=2, tiny_head_dim=64)
+    assert wide.model.model.layers[0].self_attn.k_proj.out_features == 128
+
+
 def test_load_policy_builds_the_tiny_model_over_the_builtin_tokenizer():
     policy = load_policy("tiny", tiny_layers=1, tiny_hidden=32, tiny_heads=2, value_head=True)
     assert policy.codec is as_codec(None) and policy.value_head is not None
