@@ -191,7 +191,7 @@ def test_the_peers_build_time_is_quoted_as_recorded_and_compared_only_on_its_cor
 
 @pytest.mark.slow  # loads the real MiniLM encoder: about 20 s
 def test_retrieval_recall_dense_and_hybrid(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("faiss")
+    skip_without("dense", "faiss")
     from benchmarks.retrieval_recall import main
 
     main(["--data-dir", str(data_dir), "--retrievers", "bm25,dense,hybrid", "--cache-dir", str(tmp_path / "cache"),
@@ -206,8 +206,7 @@ def test_retrieval_recall_dense_and_hybrid(data_dir: Path, tmp_path: Path, capsy
 
 @pytest.mark.slow  # starts the server in a subprocess
 def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for module in ("starlette", "uvicorn", "requests"):
-        pytest.importorskip(module)
+    skip_without("server", "starlette", "uvicorn", "requests")
     from benchmarks.retrieval_throughput import main
 
     main(["--corpus", str(data_dir / "corpus.jsonl"), "--questions", str(data_dir / "hotpotqa_dev.jsonl"),

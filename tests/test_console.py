@@ -7,6 +7,7 @@ import io
 import pytest
 
 from search_env.console import PROGRESS_ENV, HelpFormatter, progress, progress_enabled
+from tests.conftest import skip_without
 
 
 class _Terminal(io.StringIO):
@@ -55,7 +56,7 @@ def test_a_disabled_bar_writes_nothing_and_still_iterates(monkeypatch: pytest.Mo
 
 
 def test_a_forced_bar_draws_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("tqdm", reason="tqdm comes with the dense and agents extras")
+    skip_without("agents", "tqdm")  # the dense extra brings it too
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
     monkeypatch.setenv(PROGRESS_ENV, "1")

@@ -338,7 +338,7 @@ def test_build_save_load_round_trip(encoder: TransformersEncoder, tmp_path: Path
 
 
 def test_progress_bars_only_on_a_terminal_unless_forced(encoder: TransformersEncoder, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("tqdm")
+    skip_without("dense", "tqdm")
     monkeypatch.delenv("SEARCHQA_PROGRESS", raising=False)
     DenseSource(CORPUS, encoder)  # the default: stderr is captured here, not a terminal
     assert capsys.readouterr().err == ""
@@ -450,7 +450,7 @@ def test_minilm_matches_reference_values(backend: str) -> None:
 def test_minilm_matches_sentence_transformers_reference(shared_data: Path) -> None:
     # sentence-transformers is not a dependency of this project; where it is installed, compare
     # whole embeddings with it
-    sentence_transformers = pytest.importorskip("sentence_transformers")
+    sentence_transformers = pytest.importorskip("sentence_transformers", reason="sentence-transformers (not a dependency) gives the reference")
     from search_env.sources.encoders import default_model_path
 
     passages = as_passages(shared_data / "corpus.jsonl")[:16]

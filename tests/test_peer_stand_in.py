@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
+from tests.conftest import skip_without
+
+skip_without("bench", "fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from benchmarks.peers.search_r1_server import PeerRetriever, create_app  # noqa: E402
