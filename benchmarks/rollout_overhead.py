@@ -10,7 +10,8 @@ the medians are reported.
 
     python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt
 
-The warm start takes about six minutes; ``--policy-cache`` keeps its result for later runs.
+The warm start takes about four minutes; ``--policy-cache`` keeps its result for later runs, with the
+settings it was made with (a cache made with other settings is refused).
 """
 from __future__ import annotations
 
@@ -58,15 +59,21 @@ def main(argv: list[str] | None = None) -> dict:
     env = BatchSearchQAEnv(config.questions_per_step * config.group_size, dataset=examples, sources=sources,
                            protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,
                            max_context=config.max_context, max_turns=config.max_turns, cache_size=args.cache_size)
+    key = {"sft_steps": config.sft_steps, "sft_examples": config.sft_examples, "sft_lr": config.sft_lr,
+           "seed": config.seed, "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads, config.tiny_head_dim]}
     if args.policy_cache and os.path.exists(args.policy_cache):
-        policy.load_state_dict(torch.load(args.policy_cache))
+        saved = torch.load(args.policy_cache, weights_only=True)
+        if not isinstance(saved, dict) or saved.get("key") != key:
+            parser.error(f"--policy-cache {args.policy_cache} was made with other settings than {key}: "
+                         "remove it or give another path")
+        policy.load_state_dict(saved["state"])
     elif config.sft_steps:
         started = time.perf_counter()
         result = warm_start(policy, config, env)
         print(f"warm start: {config.sft_steps} steps in {time.perf_counter() - started:.0f} s, "
               f"loss {result.losses[0]:.2f} -> {result.losses[-1]:.2f}", file=sys.stderr)
         if args.policy_cache:
-            torch.save(policy.state_dict(), args.policy_cache)
+            torch.save({"key": key, "state": policy.state_dict()}, args.policy_cache)
 
     runs = []
     for run in range(args.runs):

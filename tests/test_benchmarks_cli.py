@@ -257,3 +257,19 @@ def test_learning_overrides_read_yaml_values_and_numbers_for_float_fields(capsys
     with pytest.raises(SystemExit) as exit_info:
         main(["--set", "learning_rate"])
     assert exit_info.value.code == 2 and "FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.rollout_overhead import main
+
+    cache = str(tmp_path / "policy.pt")
+    args = ["--runs", "1", "--sft-examples", "4", "--policy-cache", cache]
+    first = main(args + ["--sft-steps", "1"])
+    again = main(args + ["--sft-steps", "1"])  # loads the cached policy: the same seeded rollout follows
+    assert again["runs"][0]["agent_tokens_mean"] == first["runs"][0]["agent_tokens_mean"]
+    assert again["runs"][0]["reward_mean"] == first["runs"][0]["reward_mean"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args + ["--sft-steps", "2"])
+    assert exit_info.value.code == 2 and "made with other settings" in capsys.readouterr().err
