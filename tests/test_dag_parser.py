@@ -166,6 +166,21 @@ def test_a_repeated_line_is_read_again_in_another_section() -> None:
     assert plan.edges == [("A", "B"), ("B", "C")]
 
 
+def test_a_statement_repeated_on_one_line_is_read_once_unless_it_had_an_issue(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+    original = parser_module._Reader._read_statement
+
+    def counting(self, number, statement):  # type: ignore[no-untyped-def]
+        read.append(statement)
+        original(self, number, statement)
+
+    monkeypatch.setattr(parser_module._Reader, "_read_statement", counting)
+    plan = parse_plan("a -> b, c -> d; " * 50 + "A -> ; " * 3 + "b -> c")
+    assert read == ["a → b", "c → d", "A →", "A →", "A →", "b → c"]
+    assert plan.edges == [("A", "B"), ("C", "D"), ("B", "C")]
+    assert [issue.rule for issue in plan.issues] == ["bad_edge_syntax"] * 3
+
+
 def _count_lines_run(text: str) -> int:
     """Work done reading and validating ``text``: Python lines executed in the parser and validator
     (their loops, per-token comprehensions included). Regular expressions and string methods run in C

@@ -60,6 +60,9 @@ _FULL_WIDTH_RE = re.compile("[" + "".join(_FULL_WIDTH_CHARS) + "]")
 _ARROW = "→"
 # The lookbehind makes a run of dashes cost one scan, not one scan per position (linear time).
 _ARROW_RE = re.compile(r"(?<![-=—－])[-=—－]+[>＞]|[⟶⇒➔➜➝⇾]")
+# A character every match of _ARROW_RE holds: searching for it first is several times cheaper on the
+# lines (node lines, prose) that hold no arrow.
+_ARROW_HINT_RE = re.compile("[>＞⟶⇒➔➜➝⇾]")
 _BULLET_CHARS = "-*•·+>#–—"
 _NUMBERING_RE = re.compile(r"(?:\d{1,3}[.)]|\(\d{1,3}\))(?: |$)")
 _PREFIX_WORD_RE = re.compile(r"(?:node|step) (?=[a-z][0-9]* ?[:.)])", re.IGNORECASE)
@@ -158,8 +161,9 @@ class _Reader:
 
     Hostile text repeats itself, so two memos keep repetition cheap without changing the result:
     a line read before in the same section that added no node and no issue can only re-add known
-    edges (or change the section the same way), so it is skipped; and each distinct side of an
-    arrow, and each distinct pair of adjacent sides, is worked out once.
+    edges (or change the section the same way), so it is skipped; so is a statement read before
+    without an issue (``a -> b, c -> d;`` repeated on one line); and each distinct side of an arrow,
+    and each distinct pair of adjacent sides, is worked out once.
     """
 
     def __init__(self) -> None:
@@ -171,6 +175,7 @@ class _Reader:
         self._edges_capped = False
         self._groups: dict[str, tuple[str, ...] | None] = {}  # side of an arrow -> its labels
         self._connected: set[tuple[str, str]] = set()  # adjacent sides already connected
+        self._harmless_statements: set[str] = set()  # statements read without an issue: re-reading adds nothing
 
     def read(self, lines: list[str]) -> None:
         """Read every line, in order, until the end or :data:`MAX_ISSUES`."""
@@ -206,12 +211,13 @@ class _Reader:
                 if not line:
                     return
                 line = _strip_bullets(line)
-        has_arrow = _ARROW in line or _ARROW_RE.search(line) is not None
+        arrowed = _ARROW_RE.sub(_ARROW, line) if _ARROW_HINT_RE.search(line) is not None else line
+        has_arrow = _ARROW in arrowed
         label = _LABEL_RE.match(line)
         if label and not (self.section == "edges" and has_arrow):
             self._read_node(number, line, label)
         elif has_arrow:
-            self._read_edges(number, _ARROW_RE.sub(_ARROW, line))
+            self._read_edges(number, arrowed)
         elif self.section is None or line.lower() in _EMPTY_EDGE_LIST:
             return  # before any header, other text is the model's prose around the plan
         elif self.section == "nodes":
@@ -239,32 +245,42 @@ class _Reader:
             self._issue("missing_source", f"line {number}: node {label} has no '(Source)' at the end", number)
         if not query:
             self._issue("empty_query", f"line {number}: node {label} has an empty query", number)
-        self.nodes[label] = PlanNode(label=label, query=query, source=source, line=number)
+        self.nodes[label] = PlanNode(label, query, source, number)  # positional: a third cheaper per node
 
     def _read_edges(self, number: int, arrowed: str) -> None:
+        issues = self.issues
         for statement in _statements(arrowed):
-            if _CHAIN_RE.fullmatch(statement):  # the common case, "A -> B -> C": one label a side
-                if not self._edges_capped:
-                    labels = _GROUP_TOKEN_RE.findall(statement.upper())
-                    for parent, child in zip(labels, labels[1:]):
-                        if not self._add_edge(parent, child, number):
-                            break
+            if not statement or statement in self._harmless_statements:
                 continue
-            if not statement or statement.lower() in _EMPTY_EDGE_LIST:
-                continue
-            sides = statement.split(_ARROW)
-            groups = [self._label_group(side) for side in sides]
-            if len(groups) < 2 or None in groups:
-                shown = _quote(statement.replace(_ARROW, "->"))
-                self._issue("bad_edge_syntax", f"line {number}: {shown} is not 'A -> B'", number)
-                continue
-            for index in range(len(sides) - 1):
-                if self._edges_capped:
-                    break
-                pair = (sides[index], sides[index + 1])
-                if pair not in self._connected:
-                    self._connect(groups[index], groups[index + 1], number)  # type: ignore[arg-type]
-                    self._connected.add(pair)
+            before = len(issues)
+            self._read_statement(number, statement)
+            if len(issues) == before:
+                self._harmless_statements.add(statement)
+
+    def _read_statement(self, number: int, statement: str) -> None:
+        """One non-empty statement: a chain ``A -> B -> C``, groups ``A, C -> B``, or an empty-list marker."""
+        if _CHAIN_RE.fullmatch(statement):  # the common case, "A -> B -> C": one label a side
+            if not self._edges_capped:
+                labels = _GROUP_TOKEN_RE.findall(statement.upper())
+                for parent, child in zip(labels, labels[1:]):
+                    if not self._add_edge(parent, child, number):
+                        break
+            return
+        if statement.lower() in _EMPTY_EDGE_LIST:
+            return
+        sides = statement.split(_ARROW)
+        groups = [self._label_group(side) for side in sides]
+        if len(groups) < 2 or None in groups:
+            shown = _quote(statement.replace(_ARROW, "->"))
+            self._issue("bad_edge_syntax", f"line {number}: {shown} is not 'A -> B'", number)
+            return
+        for index in range(len(sides) - 1):
+            if self._edges_capped:
+                break
+            pair = (sides[index], sides[index + 1])
+            if pair not in self._connected:
+                self._connect(groups[index], groups[index + 1], number)  # type: ignore[arg-type]
+                self._connected.add(pair)
 
     def _label_group(self, side: str) -> tuple[str, ...] | None:
         """Distinct labels of one side of an arrow (``A``, ``A, C``, ``A & C``, ``Node A``), upper-cased,
