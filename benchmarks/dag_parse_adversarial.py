@@ -20,7 +20,7 @@ import argparse
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from search_env.console import HelpFormatter
 from search_env.dag import parse_plan, validate_plan
@@ -42,6 +42,22 @@ def _repeat(unit: str, size: int) -> str:
     return unit * max(1, size // len(unit))
 
 
+def _fit(size: int, lines: Iterable[str]) -> str:
+    """As many of ``lines`` as fit in ``size`` characters."""
+    out, used = [], 0
+    for line in lines:
+        if used + len(line) > size:
+            break
+        out.append(line)
+        used += len(line)
+    return "".join(out)
+
+
+def _per_label(size: int, line: Callable[[str], str]) -> str:
+    """``line(label)`` for distinct labels, as many as fit in ``size`` characters."""
+    return _fit(size, map(line, _labels(size)))
+
+
 def _random_text(size: int, alphabet: str, seed: int) -> str:
     rng = random.Random(seed)
     return "".join(rng.choice(alphabet) for _ in range(size))
@@ -57,34 +73,35 @@ def _group_block(size: int, width: int, separator: str) -> str:
 def adversarial_plans(size: int, seed: int = 0) -> dict[str, str]:
     """The adversarial set, each plan about ``size`` characters, keyed by a short description."""
     half = size // 2
-    distinct_nodes = "".join(f"{label}: sub-question {label} (News)\n" for label in _labels(size // 24))
+    distinct_nodes = _per_label(size - 7, lambda label: f"{label}: sub-question {label} (News)\n")
     cycle_labels = _labels(1024)
     shapes: dict[str, Callable[[], str]] = {
         # label groups: the product of the two sides
         "group A A .. -> B B ..": lambda: "Edges:\n" + "A " * (half // 2) + "-> " + "B " * (half // 2),
         "group A,A,.. -> B,B,..": lambda: "Edges:\n" + "A," * (half // 2) + " -> " + "B," * (half // 2),
         "group A&A&.. -> B&B&..": lambda: "A&" * (half // 2) + "->" + "B&" * (half // 2),
-        "group distinct labels": lambda: "Edges:\n" + " ".join(_labels(size // 8)) + " -> " + " ".join(_labels(size // 8)[::-1]),
+        "group distinct labels": lambda: "Edges:\n" + (group := _fit(half - 6, (f"{l} " for l in _labels(size)))) + "-> "
+        + " ".join(group.split()[::-1]),
         "group 32x32 per line": lambda: _group_block(size, 32, " "),
         "group 8x8 per line": lambda: _group_block(size, 8, ", "),
         "group chain A B -> C D ->": lambda: "Edges:\n" + _repeat("A B -> C D -> ", size) + "E",
         "groups with fillers": lambda: "Edges:\n" + _repeat("Node A and node B & C + D -> nodes E, F ; ", size),
         # many edges
-        "chain distinct labels": lambda: "Edges:\n" + " -> ".join(_labels(size // 7)),
+        "chain distinct labels": lambda: "Edges:\n" + _fit(size - 3, (f"{l} -> " for l in _labels(size)))[:-4],
         "chain A -> B -> A ..": lambda: "Edges:\n" + _repeat("A -> B -> ", size) + "A",
         "edge lines repeated": lambda: "Edges:\n" + _repeat("A -> B\n", size),
-        "edge lines distinct": lambda: "Edges:\n" + "".join(f"{a} -> {b}\n" for a, b in zip(_labels(size // 12), _labels(size // 12)[1:])),
+        "edge lines distinct": lambda: "Edges:\n" + _fit(size - 7, (f"{a} -> {b}\n" for a, b in zip(_labels(size), _labels(size)[1:]))),
         "edge lines no spaces": lambda: _repeat("A->B\n", size),
         "statements a->b, c->d;": lambda: _repeat("a -> b, c -> d; ", size),
-        "many small cycles": lambda: "Edges:\n" + "".join(f"{a} -> {b} -> {a}\n" for a, b in zip(_labels(size // 16)[::2], _labels(size // 16)[1::2])),
+        "many small cycles": lambda: "Edges:\n" + _fit(size - 7, (f"{a} -> {b} -> {a}\n" for a, b in zip(_labels(size)[::2], _labels(size)[1::2]))),
         "one 1024-node cycle": lambda: "Nodes:\n" + "".join(f"{label}: q (News)\n" for label in cycle_labels)
         + "Edges:\n" + " -> ".join(cycle_labels + cycle_labels[:1]) + "\n" + _repeat("x", max(0, size - 30_000)),
         # many nodes
         "node lines repeated": lambda: "Nodes:\n" + _repeat("A: q (News)\n", size),
         "node lines distinct": lambda: "Nodes:\n" + distinct_nodes,
-        "nodes unknown sources": lambda: "Nodes:\n" + distinct_nodes.replace("(News)", "(Elsewhere)"),
+        "nodes unknown sources": lambda: "Nodes:\n" + _per_label(size - 7, lambda label: f"{label}: sub-question {label} (Elsewhere)\n"),
         "nodes without headers": lambda: distinct_nodes,
-        "nodes missing sources": lambda: "Nodes:\n" + "".join(f"{label}: q\n" for label in _labels(size // 8)),
+        "nodes missing sources": lambda: "Nodes:\n" + _per_label(size - 7, lambda label: f"{label}: q\n"),
         # long lines, no newlines
         "one huge query": lambda: "Nodes:\nA: " + _repeat("why ", size) + "(News)\nEdges:\nA -> A",
         "whole plan on one line": lambda: _repeat("Nodes: A: x (News) B: y {A} (General) Edges: A -> B ; ", size),
@@ -111,20 +128,20 @@ def adversarial_plans(size: int, seed: int = 0) -> dict[str, str]:
         "space run": lambda: "Edges:" + " " * size + "x",
         "tabs and ideographic spaces": lambda: "Nodes:\n" + _repeat("\t\u3000 ", size) + "A: x (News)",
         "prose lines": lambda: _repeat("x\n", size),
-        "prose lines distinct": lambda: "".join(f"w{i}\n" for i in range(size // 6)),
+        "prose lines distinct": lambda: _fit(size, (f"w{i}\n" for i in range(size))),
         "bad node lines": lambda: "Nodes:\n" + _repeat("x\n", size),
         "bad edge statements": lambda: "Edges:\n" + _repeat("A -> ; ", size),
         "empty-edge markers": lambda: "Edges:\n" + _repeat("none\n", size),
         "headers repeated": lambda: _repeat("Nodes:\nEdges:\n", size),
         "markdown headers": lambda: _repeat("**Nodes:**\n### Edges\n", size),
         "code fences": lambda: _repeat("```\n", size),
-        "bullets and numbering": lambda: "".join(f"- 1. Node {label}: q (News)\n" for label in _labels(size // 26)),
+        "bullets and numbering": lambda: _per_label(size, lambda label: f"- 1. Node {label}: q (News)\n"),
         "bullet run": lambda: "Nodes:\n" + "- " * half + "A: x (News)",
         "numbering run": lambda: "Nodes:\n" + "1. " * (size // 3) + "A: x (News)",
         # unicode
         "full-width plan": lambda: _repeat("Ａ：", size),
-        "full-width punctuation": lambda: "Nodes：\n" + "".join(f"{label}：問題（News）\n" for label in _labels(size // 14)) + "Edges：\nA → B；",
-        "CJK queries": lambda: "Nodes:\n" + "".join(f"{label}: 美国关税对消费者价格指数的影响 (新闻)\n" for label in _labels(size // 30)),
+        "full-width punctuation": lambda: "Nodes：\n" + _per_label(size - 16, lambda label: f"{label}：問題（News）\n") + "Edges：\nA → B；",
+        "CJK queries": lambda: "Nodes:\n" + _per_label(size - 7, lambda label: f"{label}: 美国关税对消费者价格指数的影响 (新闻)\n"),
         "emoji and combining marks": lambda: "Nodes:\nA: " + _repeat("🙂e\u0301\u200d", size) + " (News)",
         "right-to-left text": lambda: "Nodes:\n" + _repeat("A: ما هو تأثير الرسوم (News)\n", size),
         # random text
