@@ -10,7 +10,7 @@ the medians are reported.
 
     python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt
 
-The warm start takes about four minutes; ``--policy-cache`` keeps its result for later runs, with the
+The warm start takes about five minutes; ``--policy-cache`` keeps its result for later runs, with the
 settings it was made with (a cache made with other settings is refused).
 """
 from __future__ import annotations
