@@ -56,6 +56,7 @@ import torch
 from agents.learners import GRPOConfig
 from agents.train import build_trainer
 from agents.trainer import QuestionOrder, Trainer
+from benchmarks.learning import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory
 
@@ -120,26 +121,6 @@ def our_step(trainer: Trainer) -> StepRecord:
     return work_record([env.trajectory for env in trainer.env.envs], metrics["time/rollout"], metrics["time/step"])
 
 
-def warm_started(trainer: Trainer, config: GRPOConfig, cache: str | None) -> None:
-    """Warm-start the trainer's policy on scripted demonstrations (:func:`agents.sft.warm_start`), or load
-    the weights an earlier run with the same warm-start settings saved in ``cache`` (it is minutes of work)."""
-    key = {"sft_steps": config.sft_steps, "sft_batch": SFT_BATCH, "sft_lr": config.sft_lr, "seed": config.seed,
-           "protocol": config.protocol, "world_size": config.world_size,
-           "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads, config.tiny_head_dim]}
-    if cache and os.path.exists(cache):
-        saved = torch.load(cache, weights_only=True)
-        if saved["key"] != key:
-            raise ValueError(f"--sft-cache {cache} holds a warm start made with {saved['key']}, not {key}")
-        trainer.policy.load_state_dict(saved["policy"])
-        return
-    from agents.sft import warm_start
-
-    warm_start(trainer.policy, config, env=trainer.env, batch_size=SFT_BATCH)
-    trainer.policy.zero_grad(set_to_none=True)  # warm_start leaves its last gradients on the parameters
-    if cache:
-        torch.save({"key": key, "policy": trainer.policy.state_dict()}, cache)
-
-
 def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
     """Both sides' step records (warm-up steps included), TRL's and ours alternated."""
     from benchmarks.peers.trl_grpo import SearchQARollout, StepClock, build_trainer as build_trl_trainer, hf_tokenizer
@@ -149,7 +130,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
         ours = build_ours(args, os.path.join(workdir, "ours"))
         config = ours.config
         if args.sft_steps > 0:
-            warm_started(ours, config, args.sft_cache)
+            warm_started(ours.policy, ours.env, config, args.sft_cache, batch_size=SFT_BATCH)
         first = ours.env.envs[0]
         examples = first.examples
         env = BatchSearchQAEnv(

@@ -44,7 +44,7 @@ from agents.trainer import Trainer
 from search_env import BatchSearchQAEnv
 from search_env.console import HelpFormatter
 
-__all__ = ["demo_config", "overrides", "run_seed", "main"]
+__all__ = ["demo_config", "overrides", "warm_started", "run_seed", "main"]
 
 #: Target of the benchmark: 2-hop greedy EM on the held-out world.
 TARGET_EM = 0.9
@@ -72,6 +72,27 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
         eval_questions=100, seed=seed, progress=False, tensorboard=False, output_dir=f"runs/learning/seed{seed}",
     )
     return replace(config, **changes)
+
+
+def warm_started(policy: Any, env: BatchSearchQAEnv, config: GRPOConfig, cache: str | None, *, batch_size: int = 32) -> None:
+    """Warm-start ``policy`` on scripted demonstrations (:func:`agents.sft.warm_start`), or load the weights
+    an earlier run with the same warm-start settings saved in ``cache`` (it is minutes of work).
+
+    Raises:
+        ValueError: ``cache`` holds a warm start made with other settings.
+    """
+    key = {"sft_steps": config.sft_steps, "sft_examples": config.sft_examples, "sft_batch": batch_size,
+           "sft_lr": config.sft_lr, "seed": config.seed, "protocol": config.protocol, "world_size": config.world_size,
+           "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads, config.tiny_head_dim]}
+    if cache and os.path.exists(cache):
+        saved = torch.load(cache, weights_only=True)
+        if not isinstance(saved, dict) or saved.get("key") != key:
+            raise ValueError(f"{cache} holds a warm start made with other settings than {key}: remove it or give another path")
+        policy.load_state_dict(saved["policy"])
+        return
+    warm_start(policy, config, env, batch_size=batch_size)
+    if cache:
+        torch.save({"key": key, "policy": policy.state_dict()}, cache)
 
 
 @dataclass

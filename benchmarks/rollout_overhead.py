@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -28,8 +27,7 @@ from agents.demo_task import demo_world
 from agents.models import load_policy
 from agents.rollout import collect_rollouts
 from agents.sampler import HFSampler
-from agents.sft import warm_start
-from benchmarks.learning import demo_config
+from benchmarks.learning import demo_config, warm_started
 from search_env import BatchSearchQAEnv
 
 TARGET = 0.05  #: the environment and search together, as a share of rollout time
@@ -59,21 +57,13 @@ def main(argv: list[str] | None = None) -> dict:
     env = BatchSearchQAEnv(config.questions_per_step * config.group_size, dataset=examples, sources=sources,
                            protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,
                            max_context=config.max_context, max_turns=config.max_turns, cache_size=args.cache_size)
-    key = {"sft_steps": config.sft_steps, "sft_examples": config.sft_examples, "sft_lr": config.sft_lr,
-           "seed": config.seed, "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads, config.tiny_head_dim]}
-    if args.policy_cache and os.path.exists(args.policy_cache):
-        saved = torch.load(args.policy_cache, weights_only=True)
-        if not isinstance(saved, dict) or saved.get("key") != key:
-            parser.error(f"--policy-cache {args.policy_cache} was made with other settings than {key}: "
-                         "remove it or give another path")
-        policy.load_state_dict(saved["state"])
-    elif config.sft_steps:
+    if config.sft_steps:
         started = time.perf_counter()
-        result = warm_start(policy, config, env)
-        print(f"warm start: {config.sft_steps} steps in {time.perf_counter() - started:.0f} s, "
-              f"loss {result.losses[0]:.2f} -> {result.losses[-1]:.2f}", file=sys.stderr)
-        if args.policy_cache:
-            torch.save({"key": key, "state": policy.state_dict()}, args.policy_cache)
+        try:
+            warm_started(policy, env, config, args.policy_cache)
+        except ValueError as exc:
+            parser.error(f"--policy-cache: {exc}")
+        print(f"warm start (or its cache): {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
     runs = []
     for run in range(args.runs):

@@ -159,7 +159,7 @@ _UNSEEN = object()
 class _Reader:
     """Line-by-line state: which section we are in, and what has been read so far.
 
-    Hostile text repeats itself, so two memos keep repetition cheap without changing the result:
+    Hostile text repeats itself, so memos keep repetition cheap without changing the result:
     a line read before in the same section that added no node and no issue can only re-add known
     edges (or change the section the same way), so it is skipped; so is a statement read before
     without an issue (``a -> b, c -> d;`` repeated on one line); and each distinct side of an arrow,
