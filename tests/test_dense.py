@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -250,6 +252,28 @@ def test_openvino_backend_is_thread_safe(tiny_model_dir: Path) -> None:
         got = list(pool.map(lambda i: ov.encode_queries(texts[i : i + 3]), range(0, len(texts), 3)))
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the signal-stack guard is Linux's sigaltstack")
+def test_openvino_models_leave_the_signal_stack_as_they_found_it(tiny_model_dir: Path) -> None:
+    # OpenVINO's CPU plugin gives the compiling thread a signal stack per model; freed out of creation
+    # order, the models left the thread on a freed one and the next signal (a Ctrl-C) was a segfault.
+    # A fresh process, because that segfault would take pytest down with it.
+    script = f"""
+import signal
+from search_env.sources.encoders import TransformersEncoder
+from search_env.sources.openvino_runtime import _signal_stack
+before = _signal_stack()
+encoders = [TransformersEncoder({str(tiny_model_dir)!r}, precision="fp32", prefixes="none", backend="openvino") for _ in range(3)]
+del encoders[0], encoders[0], encoders[0]  # in creation order
+handled = []
+signal.signal(signal.SIGINT, lambda *args: handled.append(True))
+signal.raise_signal(signal.SIGINT)
+print(_signal_stack() == before, handled == [True])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True"]
 
 
 def test_auto_backend_falls_back_to_torch_when_conversion_fails(

@@ -10,13 +10,22 @@ queries/s with this backend against 77 with ``--backend torch`` in the invocatio
 
 The model is converted straight from the loaded PyTorch module (no ONNX file), with pooling and
 L2 normalisation inside the converted graph, and compiled for dynamic batch and sequence length.
+
+Compiling is guarded by :func:`_signal_stack_kept`: OpenVINO's CPU plugin (2026.4 on Linux) gives the
+compiling thread an alternate signal stack of its own per compiled model and, as models are freed
+out of creation order, can leave the thread on one that is already freed. The next signal delivered
+on that stack (a Ctrl-C in the trainer, after the dense tests in the same process) killed the process
+with a segmentation fault.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Literal
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import numpy as np
 
@@ -34,6 +43,34 @@ PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 def openvino_available() -> bool:
     """Whether the ``openvino`` package is installed (checked without importing it)."""
     return importlib.util.find_spec("openvino") is not None
+
+
+class _SignalStack(ctypes.Structure):
+    """Linux's ``stack_t``."""
+
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+def _signal_stack() -> tuple[int | None, int, int] | None:
+    """The calling thread's alternate signal stack (address, flags, size); ``None`` off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    current = _SignalStack()
+    if ctypes.CDLL(None).sigaltstack(None, ctypes.byref(current)) != 0:
+        return None
+    return current.ss_sp, current.ss_flags, current.ss_size
+
+
+@contextmanager
+def _signal_stack_kept() -> Iterator[None]:
+    """Put the calling thread's alternate signal stack back as it was on entry (see the module docstring)."""
+    before = _signal_stack()
+    try:
+        yield
+    finally:
+        if before is not None and _signal_stack() != before:
+            address, flags, size = before
+            ctypes.CDLL(None).sigaltstack(ctypes.byref(_SignalStack(address, flags & ~1, size)), None)  # SS_ONSTACK is read-only
 
 
 def _pooled_module(model: "torch.nn.Module", pooling: Literal["mean", "cls"]) -> "torch.nn.Module":
@@ -91,7 +128,8 @@ class OpenVINOModel:
             "INFERENCE_NUM_THREADS": threads,
             "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision],
         }
-        self._compiled: Any = ov.Core().compile_model(converted, "CPU", config)
+        with _signal_stack_kept():
+            self._compiled: Any = ov.Core().compile_model(converted, "CPU", config)
         self.threads = threads
         self._local = threading.local()
 
