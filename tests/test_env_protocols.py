@@ -82,6 +82,24 @@ def test_prompt_follows_the_protocol_text(split_tag_tokenizer):
     assert r1.render_prompt("Q").endswith("\n\nUser:Q\nAssistant: <think>")
 
 
+def test_a_prompt_kept_from_an_earlier_episode_starts_a_fresh_one(split_tag_tokenizer):
+    # reset keeps each question's encoded prompt: a later episode must start exactly as the first did,
+    # and nothing an episode appends may reach the kept prompt.
+    env = SearchQAEnv("search-r1", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=split_tag_tokenizer)
+    expected = tuple(split_tag_tokenizer.encode(env.render_prompt(EXAMPLE.question)).ids)
+    first, _ = env.reset(options={"index": 0})
+    env.step(env.codec.encode("<search> zarbo founder </search>"))
+    assert len(env.trajectory.token_ids) > len(expected) and env.response_text
+    second, info = env.reset(options={"index": 0})
+    assert first["token_ids"] == second["token_ids"] == expected and info["prompt_length"] == len(expected)
+    assert env.trajectory.token_ids == list(expected) and env.response_text == ""
+    small = SearchQAEnv("search-r1", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=split_tag_tokenizer,
+                        max_context=len(expected))
+    for _ in range(2):  # a prompt too long is refused every time, not kept
+        with pytest.raises(ValueError, match="not below max_context"):
+            small.reset(options={"index": 0})
+
+
 def test_r_search_evidence_is_trained_and_a_protocol_can_exclude_a_span(split_tag_tokenizer):
     env, codec, a, b, *_ = scripted(split_tag_tokenizer, *CASES[3])
     assert all(env.trajectory.trained[-len(b):]), "R-Search's evidence is agent text and is trained on"
