@@ -64,8 +64,9 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     after 10 minutes (the warm start takes 7.6-8.0 of them on this host): the target is not reached.
     Probes of 2026-11-25 (seeds 0 and 1) moved neither that figure nor its cause: one result per
     search (demos 26% shorter, 2.5x more RL steps in budget) gave 2-hop 0.69 / 0.46 while seed 0's
-    training reward reached 0.97, and 20,000 demonstrations instead of 8,000 gave 0.62 / 0.63. The
-    held-out plateau is the model's copying of names it has never seen, not RL time.
+    training reward reached 0.97, 20,000 demonstrations instead of 8,000 gave 0.62 / 0.63, and a third
+    layer with one result per search 0.63 / 0.27. The held-out plateau is the model's copying of
+    names it has never seen, not RL time.
     """
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2, tiny_head_dim=64,
