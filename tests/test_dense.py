@@ -256,8 +256,9 @@ def test_openvino_backend_is_thread_safe(tiny_model_dir: Path) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the signal-stack guard is Linux's sigaltstack")
 def test_openvino_models_leave_the_signal_stack_as_they_found_it(tiny_model_dir: Path) -> None:
-    # OpenVINO's CPU plugin gives the compiling thread a signal stack per model; freed out of creation
-    # order, the models left the thread on a freed one and the next signal (a Ctrl-C) was a segfault.
+    # OpenVINO's CPU plugin gives the compiling thread a signal stack per model; freed first-made first
+    # (not in reverse), the models left the thread on a freed one and the next signal (a Ctrl-C) was a
+    # segfault.
     # A fresh process, because that segfault would take pytest down with it.
     script = f"""
 import signal

@@ -12,10 +12,10 @@ The model is converted straight from the loaded PyTorch module (no ONNX file), w
 L2 normalisation inside the converted graph, and compiled for dynamic batch and sequence length.
 
 Compiling is guarded by :func:`_signal_stack_kept`: OpenVINO's CPU plugin (2026.4 on Linux) gives the
-compiling thread an alternate signal stack of its own per compiled model and, as models are freed
-out of creation order, can leave the thread on one that is already freed. The next signal delivered
-on that stack (a Ctrl-C in the trainer, after the dense tests in the same process) killed the process
-with a segmentation fault.
+compiling thread an alternate signal stack of its own per compiled model and, when models are not
+freed in the reverse of the order they were made (freed first-made first, say), can leave the thread
+on one that is already freed. The next signal delivered on that stack (a Ctrl-C in the trainer,
+after the dense tests in the same process) killed the process with a segmentation fault.
 """
 from __future__ import annotations
 
