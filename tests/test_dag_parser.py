@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from search_env.dag import parser as parser_module
 from search_env.dag import validate as validate_module
-from search_env.dag.parser import MAX_EDGES, MAX_ISSUES, Plan, format_plan, parse_plan
+from search_env.dag.parser import MAX_EDGES, MAX_ISSUES, MAX_NODES, Plan, format_plan, parse_plan
 from search_env.dag.validate import validate_plan
 
 REFERENCE = (
@@ -138,6 +138,35 @@ def test_edge_explosion_is_capped() -> None:
     plan = parse_plan(f"Edges:\n{left} -> {right}")
     assert len(plan.edges) == MAX_EDGES
     assert rules(plan) == ["too_many_edges"]
+
+
+def test_reading_stops_at_the_edge_limit() -> None:
+    labels = [f"{chr(65 + i % 26)}{i // 26}" for i in range(MAX_EDGES + 11)]
+    chain = "".join(f"{parent} -> {child}\n" for parent, child in zip(labels, labels[1:]))
+    plan = parse_plan("Edges:\n" + chain + "Nodes:\nZ: late (News)\nnot a node")
+    assert plan.edges == list(zip(labels, labels[1:]))[:MAX_EDGES]
+    assert rules(plan) == ["too_many_edges"]
+    assert f"line {MAX_EDGES + 2}" in plan.issues[0].detail  # the header is line 1
+    assert plan.nodes == {}  # nothing after the limit was read
+
+
+def test_reading_stops_at_the_node_limit() -> None:
+    labels = [f"{chr(65 + i % 26)}{i // 26}" for i in range(MAX_NODES + 5)]
+    plan = parse_plan("Nodes:\n" + "".join(f"{label}: q (News)\n" for label in labels) + "Edges:\nA0 -> B0")
+    assert list(plan.nodes) == labels[:MAX_NODES]
+    assert rules(plan) == ["too_many_nodes"]
+    assert f"line {MAX_NODES + 2}" in plan.issues[0].detail
+    assert plan.edges == []
+    violations = validate_plan(plan, known_sources=["news"])
+    assert [v.rule for v in violations].count("too_many_nodes") == 1  # said once, by the reader
+
+
+def test_exactly_max_nodes_is_read_whole_and_judged_by_the_validator() -> None:
+    labels = [f"{chr(65 + i % 26)}{i // 26}" for i in range(MAX_NODES)]
+    plan = parse_plan("Nodes:\n" + "".join(f"{label}: q (News)\n" for label in labels) + "Edges:\nA0 -> B0")
+    assert len(plan.nodes) == MAX_NODES and plan.edges == [("A0", "B0")] and plan.issues == []
+    violations = validate_plan(plan, known_sources=["news"])
+    assert [v.rule for v in violations] == ["too_many_nodes"]
 
 
 def test_issue_details_are_short_for_long_lines() -> None:

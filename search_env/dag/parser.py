@@ -32,19 +32,25 @@ together with the structural rules.
 Reading costs time linear in the text, whatever the text: every step is one pass over a line
 (string methods, or regular expressions without overlapping quantifiers, so no catastrophic
 backtracking), an edge group adds each distinct edge once (``A A A -> B B B`` is one edge, not nine
-lookups), and reading stops at :data:`MAX_EDGES` edges and at :data:`MAX_ISSUES` problems. A model can
-emit 100 KB inside one call tag; ``python -m benchmarks.dag_parse_adversarial`` measures such plans.
+lookups), and reading stops at :data:`MAX_NODES` nodes, at :data:`MAX_EDGES` edges and at
+:data:`MAX_ISSUES` problems: past any of them the plan cannot be executed whatever follows, so the rest
+is not read. A model can emit 100 KB inside one call tag; ``python -m benchmarks.dag_parse_adversarial``
+measures such plans.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_EDGES", "MAX_ISSUES", "Plan", "PlanNode", "Violation", "format_plan", "parse_plan"]
+__all__ = ["MAX_EDGES", "MAX_ISSUES", "MAX_NODES", "Plan", "PlanNode", "Violation", "format_plan", "parse_plan"]
+
+MAX_NODES = 1024
+"""Far above any node limit a plan is validated against (8 by default): past this many nodes the reader
+reports ``too_many_nodes`` and stops, so that thousands of node lines cost no more than a thousand."""
 
 MAX_EDGES = 1024
 """Edge groups (``A, B, C -> D, E``) expand to a product; past this many distinct edges the reader
-stops adding edges and reports ``too_many_edges`` so a hostile block cannot blow up memory."""
+reports ``too_many_edges`` and stops, so a hostile block can blow up neither memory nor time."""
 
 MAX_ISSUES = 100
 """A plan with this many problems is not a plan: the reader stops there and reports
@@ -172,7 +178,6 @@ class _Reader:
         self.edges: list[tuple[str, str]] = []
         self.issues: list[Violation] = []
         self._children: dict[str, set[str]] = {}  # parent -> children: the edges as a lookup
-        self._edges_capped = False
         self._groups: dict[str, tuple[str, ...] | None] = {}  # side of an arrow -> its labels
         self._connected: set[tuple[str, str]] = set()  # adjacent sides already connected
         self._harmless_statements: set[str] = set()  # statements read without an issue: re-reading adds nothing
@@ -228,10 +233,12 @@ class _Reader:
     def _issue(self, rule: str, detail: str, number: int) -> None:
         self.issues.append(Violation(rule, detail))
         if len(self.issues) >= MAX_ISSUES:
-            self.issues.append(
-                Violation("too_many_issues", f"line {number}: {MAX_ISSUES} problems; the rest of the plan is not read")
-            )
-            raise _StopReading
+            self._stop("too_many_issues", f"line {number}: {MAX_ISSUES} problems; the rest of the plan is not read")
+
+    def _stop(self, rule: str, detail: str) -> None:
+        """Report why reading ends here, and end it."""
+        self.issues.append(Violation(rule, detail))
+        raise _StopReading
 
     def _read_node(self, number: int, line: str, label_match: re.Match[str]) -> None:
         label = label_match.group(1).upper()
@@ -241,6 +248,8 @@ class _Reader:
             first = self.nodes[label].line
             self._issue("duplicate_label", f"line {number}: label {label} already declared on line {first}", number)
             return
+        if len(self.nodes) >= MAX_NODES:
+            self._stop("too_many_nodes", f"line {number}: more than {MAX_NODES} nodes; the rest of the plan is not read")
         if source is None:
             self._issue("missing_source", f"line {number}: node {label} has no '(Source)' at the end", number)
         if not query:
@@ -260,11 +269,9 @@ class _Reader:
     def _read_statement(self, number: int, statement: str) -> None:
         """One non-empty statement: a chain ``A -> B -> C``, groups ``A, C -> B``, or an empty-list marker."""
         if _CHAIN_RE.fullmatch(statement):  # the common case, "A -> B -> C": one label a side
-            if not self._edges_capped:
-                labels = _GROUP_TOKEN_RE.findall(statement.upper())
-                for parent, child in zip(labels, labels[1:]):
-                    if not self._add_edge(parent, child, number):
-                        break
+            labels = _GROUP_TOKEN_RE.findall(statement.upper())
+            for parent, child in zip(labels, labels[1:]):
+                self._add_edge(parent, child, number)
             return
         if statement.lower() in _EMPTY_EDGE_LIST:
             return
@@ -275,8 +282,6 @@ class _Reader:
             self._issue("bad_edge_syntax", f"line {number}: {shown} is not 'A -> B'", number)
             return
         for index in range(len(sides) - 1):
-            if self._edges_capped:
-                break
             pair = (sides[index], sides[index + 1])
             if pair not in self._connected:
                 self._connect(groups[index], groups[index + 1], number)  # type: ignore[arg-type]
@@ -304,23 +309,19 @@ class _Reader:
             if known is not None and len(known) >= len(wanted) and known >= wanted:
                 continue
             for child in children:
-                if not self._add_edge(parent, child, number):
-                    return
+                self._add_edge(parent, child, number)
 
-    def _add_edge(self, parent: str, child: str, number: int) -> bool:
-        """Record ``parent -> child`` unless known; False once :data:`MAX_EDGES` stops the reading of edges."""
+    def _add_edge(self, parent: str, child: str, number: int) -> None:
+        """Record ``parent -> child`` unless known; past :data:`MAX_EDGES` edges, stop reading."""
         known = self._children.get(parent)
         if known is None:
             known = self._children[parent] = set()
         elif child in known:
-            return True
+            return
         if len(self.edges) >= MAX_EDGES:
-            self._edges_capped = True
-            self._issue("too_many_edges", f"line {number}: more than {MAX_EDGES} edges; the rest are ignored", number)
-            return False
+            self._stop("too_many_edges", f"line {number}: more than {MAX_EDGES} edges; the rest of the plan is not read")
         known.add(child)
         self.edges.append((parent, child))
-        return True
 
 
 def _strip_bullets(line: str) -> str:

@@ -13,8 +13,9 @@ missing_source     a node line has no ``(Source)`` at its end
 empty_query        a node's query is empty
 too_many_edges     more than :data:`~search_env.dag.parser.MAX_EDGES` edges (reading stopped)
 too_many_issues    :data:`~search_env.dag.parser.MAX_ISSUES` of the above (reading stopped)
+too_many_nodes     more than :data:`~search_env.dag.parser.MAX_NODES` nodes (reading stopped), or more
+                   than ``max_nodes``
 no_nodes           the plan declares no node
-too_many_nodes     more than ``max_nodes`` nodes
 unknown_source     a node names a source that is neither a source nor an alias
 unknown_node       an edge names a label that no node declares
 self_loop          an edge ``A -> A``
@@ -55,7 +56,7 @@ def validate_plan(
     violations = list(plan.issues)
     if not plan.nodes:
         violations.append(Violation("no_nodes", "the plan declares no node ('A: query (Source)')"))
-    elif len(plan.nodes) > max_nodes:
+    elif len(plan.nodes) > max_nodes and not _reading_stopped_at_nodes(plan):  # said once is enough
         violations.append(Violation("too_many_nodes", f"{len(plan.nodes)} nodes, at most {max_nodes} allowed"))
     violations.extend(_unknown_sources(plan, known_sources))
     violations.extend(_unknown_nodes(plan))
@@ -64,6 +65,11 @@ def validate_plan(
     )
     violations.extend(_cycles(plan))
     return violations
+
+
+def _reading_stopped_at_nodes(plan: Plan) -> bool:
+    """Whether the reader stopped at its node limit (its last issue says so)."""
+    return bool(plan.issues) and plan.issues[-1].rule == "too_many_nodes"
 
 
 def validate_strict(search_content: str) -> list[Violation]:
