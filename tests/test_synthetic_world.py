@@ -339,6 +339,27 @@ def test_invalid_settings_are_rejected_with_clear_errors() -> None:
         generate_world(n_questions=3000, difficulty=1)
 
 
+def test_a_stem_token_limit_gives_names_of_short_stems_and_keeps_the_rest() -> None:
+    from search_env.synthetic.tokenizer import load_builtin_tokenizer
+
+    tokenizer = load_builtin_tokenizer()
+    base = WorldConfig(n_people=40, n_companies=10, n_cities=10, n_countries=4)
+    limited, free = (generate_world(seed=7, n_questions=50, config=WorldConfig(**{**asdict(base), "max_stem_tokens": m}))
+                     for m in (2, None))
+
+    def stem_tokens(world: SyntheticWorld) -> Counter:
+        words = {w for name in world.entities for w in name.split() if w.lower() not in NAME_FRAME_WORDS}
+        stems = {w for w in words if not w[-1].isdigit()}
+        return Counter(len(tokenizer.encode(" " + stem).ids) for stem in stems)
+
+    # Country names add a suffix to their stem, so a few words take a token more.
+    assert max(stem_tokens(limited)) <= 3 and sum(n for k, n in stem_tokens(limited).items() if k <= 2) > 60
+    assert max(stem_tokens(free)) >= 4  # without the limit most stems take 3 or 4 tokens
+    assert Counter(limited.entities.values()) == Counter(free.entities.values())
+    with pytest.raises(ValueError, match="max_stem_tokens"):
+        WorldConfig(max_stem_tokens=1)
+
+
 def test_a_custom_config_replaces_the_preset() -> None:
     config = WorldConfig(max_hops=1, n_people=10, n_companies=4, n_cities=4, n_countries=2, n_universities=3,
                          n_journals=3, comparison_fraction=0.0, yes_no_fraction=0.0)

@@ -8,6 +8,7 @@ almost never real words.
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 _ONSETS = (
     "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "j", "x",
@@ -34,18 +35,23 @@ class NameGenerator:
     made on purpose only, as a difficulty knob.
     """
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, accept: Callable[[str], bool] | None = None) -> None:
+        """``accept``, when given, must approve each capitalised stem (e.g. a limit on its tokens);
+        a stem it refuses is never drawn again."""
         self._rng = rng
+        self._accept = accept
         self._stems: set[str] = set()
         self._names: set[str] = set()
 
     def stem(self, syllables: int = 2) -> str:
         """A new capitalised invented word, never returned before by this generator."""
-        for _ in range(10_000):
+        tries = 10_000 if self._accept is None else 1_000_000
+        for _ in range(tries):
             word = self._word(syllables)
             if word not in self._stems and _MARKERS & set(word):
                 self._stems.add(word)
-                return word.capitalize()
+                if self._accept is None or self._accept(word.capitalize()):
+                    return word.capitalize()
         raise RuntimeError("the syllable inventory is exhausted; ask for fewer entities")
 
     def _word(self, syllables: int) -> str:

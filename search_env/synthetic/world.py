@@ -10,6 +10,7 @@ import random
 import string
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Callable
 
 from search_env.data.example import QAExample
 from search_env.synthetic.config import WorldConfig
@@ -101,7 +102,7 @@ def generate_world(
 
 
 def _make_entities(rng: random.Random, config: WorldConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
-    names = NameGenerator(rng)
+    names = NameGenerator(rng, _stem_limit(config.max_stem_tokens))
     first_names = [names.stem() for _ in range(max(6, config.n_people // 4))]
     entities: dict[str, str] = {}
     siblings: dict[str, list[str]] = {}
@@ -120,6 +121,16 @@ def _make_entities(rng: random.Random, config: WorldConfig) -> tuple[dict[str, s
             made.append(name)
             entities[name] = entity_type
     return entities, siblings
+
+
+def _stem_limit(max_tokens: int | None) -> Callable[[str], bool] | None:
+    """A test that a stem takes at most ``max_tokens`` tokens of the built-in tokenizer after a space."""
+    if max_tokens is None:
+        return None
+    from search_env.synthetic.tokenizer import load_builtin_tokenizer  # it trains on worlds: imported late
+
+    tokenizer = load_builtin_tokenizer()
+    return lambda stem: len(tokenizer.encode(" " + stem).ids) <= max_tokens
 
 
 def _make_facts(rng: random.Random, entities: dict[str, str]) -> dict[str, dict[str, FactValue]]:
