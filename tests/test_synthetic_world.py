@@ -339,25 +339,25 @@ def test_invalid_settings_are_rejected_with_clear_errors() -> None:
         generate_world(n_questions=3000, difficulty=1)
 
 
-def test_a_stem_token_limit_gives_names_of_short_stems_and_keeps_the_rest() -> None:
+def test_a_stem_token_count_gives_names_of_such_stems_and_keeps_the_rest() -> None:
     from search_env.synthetic.tokenizer import load_builtin_tokenizer
 
     tokenizer = load_builtin_tokenizer()
     base = WorldConfig(n_people=40, n_companies=10, n_cities=10, n_countries=4)
-    limited, free = (generate_world(seed=7, n_questions=50, config=WorldConfig(**{**asdict(base), "max_stem_tokens": m}))
-                     for m in (2, None))
+    exact, free = (generate_world(seed=7, n_questions=50, config=WorldConfig(**{**asdict(base), "stem_tokens": m}))
+                   for m in (2, None))
 
     def stem_tokens(world: SyntheticWorld) -> Counter:
-        words = {w for name in world.entities for w in name.split() if w.lower() not in NAME_FRAME_WORDS}
-        stems = {w for w in words if not w[-1].isdigit()}
-        return Counter(len(tokenizer.encode(" " + stem).ids) for stem in stems)
+        # Country names are a stem with a suffix glued on: their own words are not stems.
+        words = {w for name, kind in world.entities.items() if kind != "country" for w in name.split()
+                 if w.lower() not in NAME_FRAME_WORDS}
+        return Counter(len(tokenizer.encode(" " + w).ids) for w in words)
 
-    # Country names add a suffix to their stem, so a few words take a token more.
-    assert max(stem_tokens(limited)) <= 3 and sum(n for k, n in stem_tokens(limited).items() if k <= 2) > 60
-    assert max(stem_tokens(free)) >= 4  # without the limit most stems take 3 or 4 tokens
-    assert Counter(limited.entities.values()) == Counter(free.entities.values())
-    with pytest.raises(ValueError, match="max_stem_tokens"):
-        WorldConfig(max_stem_tokens=1)
+    assert stem_tokens(exact).keys() == {2} and stem_tokens(exact)[2] > 60
+    assert stem_tokens(free)[3] + stem_tokens(free)[4] > stem_tokens(free)[2]  # unlimited: most take 3 or 4
+    assert Counter(exact.entities.values()) == Counter(free.entities.values())
+    with pytest.raises(ValueError, match="stem_tokens"):
+        WorldConfig(stem_tokens=1)
 
 
 def test_a_custom_config_replaces_the_preset() -> None:

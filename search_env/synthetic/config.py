@@ -16,9 +16,10 @@ class WorldConfig:
     questions also use as their wrong candidate; ``distractor_rate`` is the chance that an entity gets an
     extra passage that names it but answers nothing. ``comparison_fraction`` and ``yes_no_fraction``
     set the question mix; the rest are chain questions, with hop counts spread evenly over
-    1..``max_hops``. ``max_stem_tokens``, when set, draws only the invented words (stems of every name)
-    that the built-in tokenizer writes in at most that many tokens after a space: names a small model
-    copies more exactly (about 7% of stems take 2 tokens; most take 3 or 4).
+    1..``max_hops``. ``stem_tokens``, when set, draws only the invented words (stems of every name)
+    that the built-in tokenizer writes in exactly that many tokens after a space: names a small model
+    copies more exactly (about 7% of stems take 2 tokens; most take 3 or 4; a one-token stem is a rare
+    token, whose embedding a small model barely learns).
     """
 
     max_hops: int = 2
@@ -32,7 +33,7 @@ class WorldConfig:
     distractor_rate: float = 0.0
     comparison_fraction: float = 0.2
     yes_no_fraction: float = 0.2
-    max_stem_tokens: int | None = None
+    stem_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_hops <= MAX_HOPS:
@@ -45,8 +46,8 @@ class WorldConfig:
         for name in ("near_duplicate_rate", "distractor_rate", "comparison_fraction", "yes_no_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.max_stem_tokens is not None and self.max_stem_tokens < 2:
-            raise ValueError(f"max_stem_tokens must be >= 2 (almost no stem is one token), got {self.max_stem_tokens}")
+        if self.stem_tokens is not None and self.stem_tokens < 2:
+            raise ValueError(f"stem_tokens must be >= 2 (a one-token stem is a rare token), got {self.stem_tokens}")
         if self.comparison_fraction + self.yes_no_fraction > 1.0:
             raise ValueError("comparison_fraction + yes_no_fraction must not exceed 1")
 

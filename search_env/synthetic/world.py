@@ -102,7 +102,7 @@ def generate_world(
 
 
 def _make_entities(rng: random.Random, config: WorldConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
-    names = NameGenerator(rng, _stem_limit(config.max_stem_tokens))
+    names = NameGenerator(rng, _stem_test(config.stem_tokens))
     first_names = [names.stem() for _ in range(max(6, config.n_people // 4))]
     entities: dict[str, str] = {}
     siblings: dict[str, list[str]] = {}
@@ -123,14 +123,14 @@ def _make_entities(rng: random.Random, config: WorldConfig) -> tuple[dict[str, s
     return entities, siblings
 
 
-def _stem_limit(max_tokens: int | None) -> Callable[[str], bool] | None:
-    """A test that a stem takes at most ``max_tokens`` tokens of the built-in tokenizer after a space."""
-    if max_tokens is None:
+def _stem_test(tokens: int | None) -> Callable[[str], bool] | None:
+    """A test that a stem takes ``tokens`` tokens of the built-in tokenizer after a space."""
+    if tokens is None:
         return None
     from search_env.synthetic.tokenizer import load_builtin_tokenizer  # it trains on worlds: imported late
 
     tokenizer = load_builtin_tokenizer()
-    return lambda stem: len(tokenizer.encode(" " + stem).ids) <= max_tokens
+    return lambda stem: len(tokenizer.encode(" " + stem).ids) == tokens
 
 
 def _make_facts(rng: random.Random, entities: dict[str, str]) -> dict[str, dict[str, FactValue]]:
