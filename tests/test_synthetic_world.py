@@ -360,6 +360,27 @@ def test_a_stem_token_count_gives_names_of_such_stems_and_keeps_the_rest() -> No
         WorldConfig(stem_tokens=1)
 
 
+def test_invented_words_are_the_stems_of_every_kind_of_name() -> None:
+    world = generate_world(seed=2, n_questions=0)
+    words = world.invented_words()
+    for name, kind in world.entities.items():
+        if kind == "country":
+            assert any(name == w + suffix for w in words for suffix in ("ia", "and", "ar", "esh"))
+        else:
+            assert {w for w in name.split() if w.lower() not in NAME_FRAME_WORDS} <= words
+    assert not {w.lower() for w in words} & NAME_FRAME_WORDS
+
+
+def test_excluded_stems_keep_another_worlds_words_out() -> None:
+    config = WorldConfig(n_people=200, n_companies=60, n_cities=60, n_countries=20, stem_tokens=2)
+    first = generate_world(seed=1, n_questions=0, config=config)
+    second, apart = (generate_world(seed=2, n_questions=0, config=c)
+                     for c in (config, WorldConfig(**{**asdict(config), "excluded_stems": first.invented_words()})))
+    assert second.invented_words() & first.invented_words()  # two-token stems are few: worlds share some
+    assert not apart.invented_words() & first.invented_words()
+    assert Counter(apart.entities.values()) == Counter(second.entities.values())
+
+
 def test_a_custom_config_replaces_the_preset() -> None:
     config = WorldConfig(max_hops=1, n_people=10, n_companies=4, n_cities=4, n_countries=2, n_universities=3,
                          n_journals=3, comparison_fraction=0.0, yes_no_fraction=0.0)

@@ -19,7 +19,9 @@ class WorldConfig:
     1..``max_hops``. ``stem_tokens``, when set, draws only the invented words (stems of every name)
     that the built-in tokenizer writes in exactly that many tokens after a space: names a small model
     copies more exactly (about 7% of stems take 2 tokens; most take 3 or 4; a one-token stem is a rare
-    token, whose embedding a small model barely learns).
+    token, whose embedding a small model barely learns). ``excluded_stems`` are invented words (as
+    capitalised in names) this world must not use, e.g. those of a world a model was trained on, so that
+    every name of a held-out world is new.
     """
 
     max_hops: int = 2
@@ -34,6 +36,7 @@ class WorldConfig:
     comparison_fraction: float = 0.2
     yes_no_fraction: float = 0.2
     stem_tokens: int | None = None
+    excluded_stems: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_hops <= MAX_HOPS:

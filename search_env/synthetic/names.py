@@ -27,6 +27,19 @@ UNIVERSITY_FORMS = ("{} University", "University of {}", "{} Institute")
 JOURNAL_FORMS = ("{} Review", "Journal of {} Studies", "{} Letters", "Annals of {}")
 
 
+_FRAME_WORDS = frozenset(COMPANY_SUFFIXES) | {w for form in UNIVERSITY_FORMS + JOURNAL_FORMS for w in form.split() if w != "{}"}
+
+
+def invented_words(name: str, entity_type: str) -> set[str]:
+    """The invented words (stems, capitalised) that a name of ``entity_type`` is made of: the name
+    without its frame words ("Corp", "University of", ...), and a country's without its suffix."""
+    if entity_type == "country":
+        for suffix in _COUNTRY_SUFFIXES:
+            if name.endswith(suffix):
+                return {name[: -len(suffix)]}
+    return {word for word in name.split() if word not in _FRAME_WORDS}
+
+
 class NameGenerator:
     """Draws unique invented names from a seeded ``random.Random``.
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from search_env.data.example import QAExample
 from search_env.synthetic.config import WorldConfig
-from search_env.synthetic.names import NameGenerator
+from search_env.synthetic.names import NameGenerator, invented_words
 from search_env.synthetic.questions import generate_questions
 from search_env.synthetic.schema import (
     DISTRACTOR_TEMPLATES,
@@ -62,6 +62,11 @@ class SyntheticWorld:
     def _passages_by_id(self) -> dict[str, dict[str, str]]:
         return {p["id"]: p for p in self.passages()}
 
+    def invented_words(self) -> frozenset[str]:
+        """Every invented word (stem) the world's names are made of, e.g. to keep them out of a held-out
+        world (``WorldConfig.excluded_stems``)."""
+        return frozenset(word for name, kind in self.entities.items() for word in invented_words(name, kind))
+
     def entities_of(self, entity_type: str) -> list[str]:
         """Names of the entities of one type, in generation order."""
         return [name for name, kind in self.entities.items() if kind == entity_type]
@@ -102,7 +107,7 @@ def generate_world(
 
 
 def _make_entities(rng: random.Random, config: WorldConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
-    names = NameGenerator(rng, _stem_test(config.stem_tokens))
+    names = NameGenerator(rng, _stem_test(config.stem_tokens, config.excluded_stems))
     first_names = [names.stem() for _ in range(max(6, config.n_people // 4))]
     entities: dict[str, str] = {}
     siblings: dict[str, list[str]] = {}
@@ -123,14 +128,15 @@ def _make_entities(rng: random.Random, config: WorldConfig) -> tuple[dict[str, s
     return entities, siblings
 
 
-def _stem_test(tokens: int | None) -> Callable[[str], bool] | None:
-    """A test that a stem takes ``tokens`` tokens of the built-in tokenizer after a space."""
+def _stem_test(tokens: int | None, excluded: frozenset[str]) -> Callable[[str], bool] | None:
+    """A test that a stem is not ``excluded`` and takes ``tokens`` tokens of the built-in tokenizer after
+    a space (any number when None); None when there is nothing to test."""
     if tokens is None:
-        return None
+        return (lambda stem: stem not in excluded) if excluded else None
     from search_env.synthetic.tokenizer import load_builtin_tokenizer  # it trains on worlds: imported late
 
     tokenizer = load_builtin_tokenizer()
-    return lambda stem: len(tokenizer.encode(" " + stem).ids) == tokens
+    return lambda stem: stem not in excluded and len(tokenizer.encode(" " + stem).ids) == tokens
 
 
 def _make_facts(rng: random.Random, entities: dict[str, str]) -> dict[str, dict[str, FactValue]]:
