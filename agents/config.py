@@ -65,6 +65,8 @@ class TrainConfig:
         loss_agg_mode: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` or
             ``seq-mean-token-sum-norm``.
         sft_steps: steps of supervised warm start on scripted demonstrations (0: none).
+        sft_copy_steps: steps of the copy warm-up before them (:mod:`agents.copy_warmup`), for a model
+            trained from scratch (0: none).
         sft_examples: demonstrations played for the warm start.
         sft_lr: the warm start's learning rate.
         sft_second_hop_rate: share of multi-hop demonstrations that take the second hop.
@@ -132,6 +134,7 @@ class TrainConfig:
     loss_agg_mode: str = "token-mean"
     # warm start, evaluation, output
     sft_steps: int = 0
+    sft_copy_steps: int = 0
     sft_examples: int = 512
     sft_lr: float = 1e-3
     sft_second_hop_rate: float = 1.0

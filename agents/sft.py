@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from agents.config import TrainConfig
+from agents.copy_warmup import copy_warmup
 from agents.demonstrations import Demonstrations, make_demonstrations
 from agents.batch import TrainBatch
 from agents.policy import HFPolicy
@@ -35,8 +36,9 @@ class SFTResult:
 
     Attributes:
         losses: the loss of every step (mean cross-entropy per trained token).
+        copy_losses: the loss of every copy warm-up step before it (:mod:`agents.copy_warmup`; empty: none).
         demonstrations: the demonstrations it cloned.
-        seconds: wall time of the optimisation (demonstrations excluded).
+        seconds: wall time of the optimisation (demonstrations and copy warm-up excluded).
         trained_tokens_per_s: trained (loss-carrying) tokens processed per second.
     """
 
@@ -44,6 +46,7 @@ class SFTResult:
     demonstrations: Demonstrations
     seconds: float
     trained_tokens_per_s: float
+    copy_losses: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, float]:
         """Scalars for logs: first and last loss, the demonstrations' make-up, speed."""
@@ -57,6 +60,7 @@ class SFTResult:
             "sft/demo_reward": demos.mean_reward,
             "sft/seconds": self.seconds,
             "sft/trained_tokens_per_s": self.trained_tokens_per_s,
+            "sft/copy_loss_last": self.copy_losses[-1] if self.copy_losses else float("nan"),
         }
 
 
@@ -79,7 +83,9 @@ def warm_start(
     Demonstrations are played in ``env`` (a :class:`~search_env.SearchQAEnv` or a
     :class:`~search_env.BatchSearchQAEnv`, whose first environment is used) on ``examples`` (default: the
     environment's dataset); a multi-hop one takes its second hop with probability
-    ``config.sft_second_hop_rate``. Each step takes ``batch_size`` demonstrations (seeded reshuffles,
+    ``config.sft_second_hop_rate``. First, when ``config.sft_copy_steps`` > 0, the copy warm-up
+    (:func:`agents.copy_warmup.copy_warmup`, at ``config.sft_lr``) on strings of the demonstrations' own
+    ids (end-of-sequence and padding left out). Each step takes ``batch_size`` demonstrations (seeded reshuffles,
     epoch by epoch) in micro-batches of ``config.micro_batch_size``; the learning rate ``config.sft_lr``
     warms up over the first steps and decays on a cosine; gradients are clipped at
     ``config.max_grad_norm``. Shows a progress bar as ``config.progress`` says.
@@ -94,6 +100,12 @@ def warm_start(
         second_hop_rate=config.sft_second_hop_rate, seed=config.seed,
     )
     trajectories = demos.trajectories
+    copy_losses: list[float] = []
+    if config.sft_copy_steps > 0:
+        left_out = {*policy.codec.eos_ids, policy.codec.pad_id}
+        pool = {i for t in trajectories for i in t.token_ids} - left_out
+        copy_losses = copy_warmup(policy.model, sorted(pool), config.sft_copy_steps, lr=config.sft_lr, seed=config.seed,
+                                  max_grad_norm=config.max_grad_norm)
     device = next(policy.parameters()).device
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.sft_lr, betas=tuple(config.adam_betas),
                                   weight_decay=config.weight_decay)
@@ -135,7 +147,7 @@ def warm_start(
         optimizer.zero_grad(set_to_none=True)  # no warm-start gradient may leak into the first RL update
         policy.train(was_training)
     seconds = time.perf_counter() - started
-    return SFTResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9))
+    return SFTResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9), copy_losses)
 
 
 Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

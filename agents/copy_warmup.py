@@ -1,0 +1,77 @@
+"""Copy warm-up: teach a model trained from scratch to copy before it clones demonstrations.
+
+A search agent answers by copying: the question's entity into its query, a name from a result into its
+query or answer. A small transformer can copy only once its attention has formed copying ("induction")
+heads, and on the demonstrations alone whether that happens in the warm start's budget depends on the
+seed: with the demo's settings, seed 1's warm start fitted its demonstrations (loss 0.02-0.06) by
+memorising the training world's names and reached 0.20-0.48 held-out 1-hop EM in five probes, while
+seeds 0 and 2 reached 0.90-0.92 (2-core CPU, 2026-11-25). A few hundred steps on strings of random
+tokens that repeat, with the loss on the repeats only (nothing can be predicted there but by copying),
+form those heads first: the copy loss falls from about 8 to under 0.1 in 300 steps, and seed 1's warm
+start then reached 0.94 held-out 1-hop EM, its demonstration loss falling about three times faster.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["copy_batch", "copy_warmup"]
+
+
+def copy_batch(token_pool: torch.Tensor, batch_size: int, length: int, repeats: int,
+               generator: torch.Generator) -> torch.Tensor:
+    """``batch_size`` rows, each a string of ``length`` ids drawn uniformly from ``token_pool`` and written
+    ``repeats`` times in a row."""
+    picks = torch.randint(len(token_pool), (batch_size, length), generator=generator)
+    return token_pool[picks].repeat(1, repeats)
+
+
+def copy_warmup(
+    model: nn.Module,
+    token_pool: Sequence[int],
+    steps: int,
+    *,
+    lr: float,
+    seed: int,
+    length: int = 16,
+    repeats: int = 3,
+    batch_size: int = 32,
+    max_grad_norm: float = 1.0,
+) -> list[float]:
+    """Train ``model`` (a causal LM returning ``.logits``) for ``steps`` AdamW steps at a constant ``lr``
+    to continue :func:`copy_batch` strings: the loss is the mean cross-entropy of every token after the
+    first ``length`` (the repeats). Returns each step's loss.
+
+    ``token_pool`` holds the ids to draw from; the tokens the model will later copy (names, numbers) are
+    the ones worth drawing, e.g. the ids of the demonstrations.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if length < 1 or repeats < 2:
+        raise ValueError(f"a copy string needs length >= 1 and repeats >= 2, got {length} and {repeats}")
+    pool = torch.as_tensor(sorted(set(token_pool)), dtype=torch.long)
+    if len(pool) < 2:
+        raise ValueError("token_pool must hold at least two distinct ids")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    was_training = model.training
+    model.train()
+    losses = []
+    try:
+        for _ in range(steps):
+            ids = copy_batch(pool, batch_size, length, repeats, generator).to(device)
+            logits = model(input_ids=ids).logits[:, length - 1 : -1]  # the predictions of the repeats
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, length:].reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            losses.append(loss.item())
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return losses
