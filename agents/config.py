@@ -32,6 +32,9 @@ class TrainConfig:
         world_seed: seed of the synthetic world trained on.
         world_max_hops: most lookups a synthetic question takes (1: single-hop questions only).
         world_size: questions of the synthetic world trained on.
+        world_scale: entities of the synthetic worlds (trained on and held out), as a multiple of the default
+            world's: in a larger world names repeat less, so a small model cannot fit its demonstrations by
+            memorising names instead of copying them.
         eval_dataset: held-out questions of a real dataset (default: its last ``eval_questions`` questions).
         eval_world_seed: seed of the held-out synthetic world (names are new, so the policy must search).
         reward: a reward preset overriding the protocol's.
@@ -101,6 +104,7 @@ class TrainConfig:
     world_seed: int = 0
     world_max_hops: int = 2
     world_size: int = 1000
+    world_scale: int = 1
     eval_dataset: str | None = None
     eval_world_seed: int = 1
     reward: str | None = None

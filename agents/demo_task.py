@@ -14,7 +14,14 @@ Three choices make the task learnable at that size:
   and 0.56 after 3,600 steps at 10 times. The default is 50 times;
 * BM25 over lightly stemmed words (:func:`light_stem`) and two results per search: the passage that
   answers a lookup comes first in about 97% of lookups (74% unstemmed), so that the answer is where a
-  small model learns to look.
+  small model learns to look;
+* names whose invented words take exactly two tokens of the built-in tokenizer
+  (:attr:`~search_env.synthetic.WorldConfig.stem_tokens`; most take three or four, irregularly split):
+  an answer is a copy of unseen names, and how exactly a tiny model copies decides the held-out score.
+  With the default names the demo's held-out 2-hop greedy EM stayed at 0.46-0.69 in every probe, its
+  failures nearly all miscopied names ("Grymisand" answered "Gryvirnand"); after SFT on demonstrations
+  that all take the second hop it reached 0.84, against 0.90 with two-token stems (seed 0,
+  2026-11-25). A held-out world leaves out the training world's words (``held_out_from``).
 
 Questions are chain questions (1 and 2 lookups): comparisons and yes/no checks need reasoning over two
 results that a model of this size does not learn in minutes.
@@ -63,18 +70,23 @@ def light_stem(word: str) -> str:
     return word
 
 
-def demo_world(seed: int, n_questions: int, *, scale: int = 50, max_hops: int = 2) -> tuple[list[QAExample], dict[str, Source]]:
+def demo_world(seed: int, n_questions: int, *, scale: int = 50, max_hops: int = 2, stem_tokens: int | None = 2,
+               held_out_from: int | None = None) -> tuple[list[QAExample], dict[str, Source]]:
     """A synthetic world of chain questions (1..``max_hops`` lookups) with ``scale`` times the default
-    world's entities, and its sources: BM25 (words stemmed by :func:`light_stem`) over each world source
-    plus ``"all"`` over every passage."""
+    world's entities, names whose invented words take exactly ``stem_tokens`` tokens of the built-in
+    tokenizer (``None``: any number), and its sources: BM25 (words stemmed by :func:`light_stem`) over each
+    world source plus ``"all"`` over every passage.
+
+    ``held_out_from``: the seed of a world made with the same settings whose invented words this one must
+    not use (a held-out world of all-new names: two worlds of two-token stems share about 4.5% of their
+    words otherwise)."""
     from search_env.sources.bm25 import BM25Source
     from search_env.synthetic import WorldConfig, generate_world
 
-    if scale < 1:
-        raise ValueError(f"scale must be >= 1, got {scale}")
-    base = WorldConfig(max_hops=max_hops, comparison_fraction=0.0, yes_no_fraction=0.0)
-    config = replace(base, **{f"n_{kind}": getattr(base, f"n_{kind}") * scale
-                              for kind in ("people", "companies", "cities", "countries", "universities", "journals")})
+    config = WorldConfig(max_hops=max_hops, comparison_fraction=0.0, yes_no_fraction=0.0, stem_tokens=stem_tokens).scaled(scale)
+    if held_out_from is not None:
+        trained_on = generate_world(seed=held_out_from, n_questions=0, config=config)  # names do not depend on questions
+        config = replace(config, excluded_stems=trained_on.invented_words())
     world = generate_world(seed=seed, n_questions=n_questions, config=config)
     sources: dict[str, Source] = {name: BM25Source(passages, name=name, stemmer=light_stem)
                                   for name, passages in world.sources.items()}

@@ -144,10 +144,10 @@ def _datasets(config: TrainConfig) -> tuple[Data, Data | None]:
     if config.dataset == "synthetic":
         if config.corpus is not None:
             raise ValueError("--corpus is for a real --dataset; the synthetic world brings its own passages")
-        train = _synthetic(config.world_seed, config.world_size, config.world_max_hops)
+        train = _synthetic(config.world_seed, config.world_size, config.world_max_hops, config.world_scale)
         if config.eval_dataset is not None:
             raise ValueError("--eval_dataset needs a real --dataset and --corpus (held-out synthetic questions come from --eval_world_seed)")
-        held_out = _synthetic(config.eval_world_seed, n_eval, config.world_max_hops) if n_eval > 0 else None
+        held_out = _synthetic(config.eval_world_seed, n_eval, config.world_max_hops, config.world_scale) if n_eval > 0 else None
         return train, held_out
     from search_env.data.loaders import load_dataset
 
@@ -164,14 +164,15 @@ def _datasets(config: TrainConfig) -> tuple[Data, Data | None]:
     return (examples[:-n_eval], sources), (examples[-n_eval:], sources)
 
 
-def _synthetic(seed: int, size: int, max_hops: int) -> Data:
-    """A synthetic world's questions (at most ``max_hops`` lookups each) and a BM25 source per world
-    source, plus ``"all"`` over every passage, as the environment's default world has."""
+def _synthetic(seed: int, size: int, max_hops: int, scale: int = 1) -> Data:
+    """A synthetic world's questions (at most ``max_hops`` lookups each; ``scale`` times the default
+    world's entities) and a BM25 source per world source, plus ``"all"`` over every passage, as the
+    environment's default world has."""
     from search_env.resolve import resolve_sources
     from search_env.synthetic import WorldConfig, generate_world
 
     # Comparison questions take two lookups: a 1-hop world has none.
-    world_config = WorldConfig(max_hops=max_hops, **({"comparison_fraction": 0.0} if max_hops < 2 else {}))
+    world_config = WorldConfig(max_hops=max_hops, **({"comparison_fraction": 0.0} if max_hops < 2 else {})).scaled(scale)
     world = generate_world(seed=seed, n_questions=size, config=world_config)
     return list(world.questions), resolve_sources(None, world)
 

@@ -70,10 +70,10 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     """
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2, tiny_head_dim=64,
-        protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=20000, eval_world_seed=11,
+        protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=60000, world_scale=500, eval_world_seed=11,
         steps=150, questions_per_step=8, group_size=8, max_new_tokens=96, max_context=1024, max_turns=4,
         temperature=0.7, learning_rate=3e-4, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=64,
-        sft_steps=1800, sft_examples=8000, sft_lr=3e-3, sft_second_hop_rate=0.1,
+        sft_steps=2400, sft_copy_steps=300, sft_examples=30000, sft_lr=3e-3, sft_second_hop_rate=0.1,
         eval_questions=100, seed=seed, progress=False, tensorboard=False, output_dir=f"runs/learning/seed{seed}",
     )
     return replace(config, **changes)
@@ -86,8 +86,9 @@ def warm_started(policy: Any, env: BatchSearchQAEnv, config: GRPOConfig, cache: 
     Raises:
         ValueError: ``cache`` holds a warm start made with other settings.
     """
-    key = {"sft_steps": config.sft_steps, "sft_examples": config.sft_examples, "sft_batch": batch_size,
+    key = {"sft_steps": config.sft_steps, "sft_copy_steps": config.sft_copy_steps, "sft_examples": config.sft_examples, "sft_batch": batch_size,
            "sft_lr": config.sft_lr, "seed": config.seed, "protocol": config.protocol, "world_size": config.world_size,
+           "world_scale": config.world_scale,
            "shape": [config.tiny_layers, config.tiny_hidden, config.tiny_heads, config.tiny_head_dim]}
     if cache and os.path.exists(cache):
         saved = torch.load(cache, weights_only=True)
@@ -144,9 +145,10 @@ def build(config: GRPOConfig) -> tuple[Trainer, BatchSearchQAEnv, dict[int, list
     backend = TorchBackend(policy, config, with_reference=algorithm.uses_reference)
     options = dict(protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,
                    max_context=config.max_context, max_turns=config.max_turns)
-    examples, sources = demo_world(config.world_seed, config.world_size, max_hops=config.world_max_hops)
+    examples, sources = demo_world(config.world_seed, config.world_size, scale=config.world_scale, max_hops=config.world_max_hops)
     env = BatchSearchQAEnv(config.questions_per_step * config.group_size, dataset=examples, sources=sources, **options)
-    held_out, held_sources = demo_world(config.eval_world_seed, 4 * config.eval_questions, max_hops=config.world_max_hops)
+    held_out, held_sources = demo_world(config.eval_world_seed, 4 * config.eval_questions, scale=config.world_scale,
+                                        max_hops=config.world_max_hops, held_out_from=config.world_seed)
     eval_env = BatchSearchQAEnv(min(config.eval_questions, env.num_envs), dataset=held_out, sources=held_sources, **options)
     by_hops = {h: [i for i, ex in enumerate(held_out) if ex.metadata["hops"] == h][: config.eval_questions] for h in (1, 2)}
     return Trainer(config, policy, env, algorithm, backend), eval_env, by_hops
@@ -185,8 +187,10 @@ def run_seed(config: GRPOConfig, *, minutes: float, eval_every: int, log: Any = 
             sft = warm_start(trainer.policy, config, trainer.env)
             trainer.backend.reset_reference()
         run.sft_minutes, run.sft_cpu_minutes = clock.wall / 60, clock.cpu / 60
-        log(f"seed {config.seed} warm start: {config.sft_steps} steps in {run.sft_minutes:.2f} min "
-            f"(cpu {run.sft_cpu_minutes:.2f}), loss {sft.losses[0]:.3f} -> {sft.losses[-1]:.3f}, load {os.getloadavg()[0]:.1f}")
+        copy = (f"copy warm-up {len(sft.copy_losses)} steps, loss {sft.copy_losses[0]:.2f} -> {sft.copy_losses[-1]:.3f}; "
+                if sft.copy_losses else "")
+        log(f"seed {config.seed} warm start: {copy}{config.sft_steps} steps, loss {sft.losses[0]:.3f} -> {sft.losses[-1]:.3f}; "
+            f"{run.sft_minutes:.2f} min (cpu {run.sft_cpu_minutes:.2f}), load {os.getloadavg()[0]:.1f}")
         results = _evaluate(trainer, eval_env, by_hops, sampled=True)
         stage("after SFT", results)
         point(results)

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sft-steps", type=int, default=demo.sft_steps,
                         help="warm-start steps of the demo policy, as the demo takes (0: untrained)")
     parser.add_argument("--sft-examples", type=int, default=demo.sft_examples, help="demonstrations for the warm start")
+    parser.add_argument("--sft-copy-steps", type=int, default=demo.sft_copy_steps, help="copy warm-up steps before it")
     parser.add_argument("--policy-cache", help="load the warm-started policy from this file, or warm start and save it there")
     parser.add_argument("--cache-size", type=int, default=0, help="the environment's search cache (0: none, as the demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -49,11 +50,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = demo_config(args.seed, sft_steps=args.sft_steps, sft_examples=args.sft_examples)
+    config = demo_config(args.seed, sft_steps=args.sft_steps, sft_examples=args.sft_examples, sft_copy_steps=args.sft_copy_steps)
 
     policy = load_policy(config.model, config.tokenizer, tiny_layers=config.tiny_layers, tiny_hidden=config.tiny_hidden,
                          tiny_heads=config.tiny_heads, tiny_head_dim=config.tiny_head_dim, seed=config.seed)
-    examples, sources = demo_world(config.world_seed, config.world_size, max_hops=config.world_max_hops)
+    examples, sources = demo_world(config.world_seed, config.world_size, scale=config.world_scale, max_hops=config.world_max_hops)
     env = BatchSearchQAEnv(config.questions_per_step * config.group_size, dataset=examples, sources=sources,
                            protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,
                            max_context=config.max_context, max_turns=config.max_turns, cache_size=args.cache_size)

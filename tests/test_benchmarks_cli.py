@@ -265,7 +265,7 @@ def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only
     from benchmarks.rollout_overhead import main
 
     cache = str(tmp_path / "policy.pt")
-    args = ["--runs", "1", "--sft-examples", "4", "--policy-cache", cache]
+    args = ["--runs", "1", "--sft-examples", "4", "--sft-copy-steps", "2", "--policy-cache", cache]
     first = main(args + ["--sft-steps", "1"])
     again = main(args + ["--sft-steps", "1"])  # loads the cached policy: the same seeded rollout follows
     assert again["runs"][0]["agent_tokens_mean"] == first["runs"][0]["agent_tokens_mean"]

@@ -66,3 +66,19 @@ def test_demo_world_retrieves_every_gold_passage_in_the_compact_top_k():
             relations.add(relation)
     assert len(relations) == 16
     assert sum(first) >= 0.95 * len(first)
+
+
+def test_a_held_out_demo_world_uses_none_of_the_training_worlds_words():
+    from search_env.synthetic.names import invented_words
+
+    def words(examples):
+        return {w for ex in examples for w in ex.question.replace("?", "").split() if w[:1].isupper()}
+
+    train, _ = demo_world(3, 400, scale=4)
+    held, _ = demo_world(4, 400, scale=4, held_out_from=3)
+    shared, _ = demo_world(4, 400, scale=4)
+    frame = {"In", "What", "Which", "Who", "Where", "When", "How", "University", "Institute", "Journal", "Studies",
+             "Review", "Letters", "Annals", "Corp", "Labs", "Works", "Group", "Systems", "Holdings"}
+    assert (words(shared) & words(train)) - frame  # without it, two-token stems repeat across worlds
+    assert not (words(held) & words(train)) - frame
+    assert invented_words("Zrolxo Systems", "company") == {"Zrolxo"}

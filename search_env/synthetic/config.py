@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 MAX_HOPS = 4
+_COUNTS = ("n_people", "n_companies", "n_cities", "n_countries", "n_universities", "n_journals")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class WorldConfig:
             raise ValueError(f"stem_tokens must be >= 2 (a one-token stem is a rare token), got {self.stem_tokens}")
         if self.comparison_fraction + self.yes_no_fraction > 1.0:
             raise ValueError("comparison_fraction + yes_no_fraction must not exceed 1")
+
+    def scaled(self, factor: int) -> WorldConfig:
+        """This config with every entity count multiplied by ``factor`` (a larger world of the same kind)."""
+        if factor < 1:
+            raise ValueError(f"a world's scale must be >= 1, got {factor}")
+        return replace(self, **{name: getattr(self, name) * factor for name in _COUNTS})
 
     @classmethod
     def for_difficulty(cls, difficulty: int) -> WorldConfig:
