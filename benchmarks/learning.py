@@ -53,26 +53,26 @@ TARGET_EM = 0.9
 def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     """The demo's training settings (the README's main command trains with these).
 
-    Chosen by probes on the held-out world (2-core CPU, 2026-11-23/24): 64-wide heads (``tiny_head_dim``;
-    32 by default at this width) lift seed 0's 1-hop greedy EM after 1,200 warm-start steps from 0.73 to
-    0.87 (the model copies names and numbers from results more exactly; 128-wide heads did not train at
-    this learning rate; 5e-3 was unstable). 1,200 steps left seeds 1 and 2 under-trained (loss 0.17 and
-    0.11 against seed 0's 0.05; 1-hop EM 0.50 and 0.64); 1,800 took seed 1 to loss 0.03 and 0.90. In
-    GRPO, ``learning_rate=1e-3`` collapsed, 5e-4 cost 1-hop EM (0.87 -> 0.77); 3e-4 with rollouts at
-    temperature 0.7 kept 1-hop EM and gave the best 2-hop EM (0.47-0.52 after 50-75 steps). With these
-    settings, seeds 0/1/2 reach 1-hop 0.93/0.90/0.93 after the warm start and 2-hop 0.65/0.48/0.59
-    after 10 minutes (the warm start takes 7.6-8.0 of them on this host): the target is not reached.
-    Probes of 2026-11-25 (seeds 0 and 1) moved neither that figure nor its cause: one result per
-    search (demos 26% shorter, 2.5x more RL steps in budget) gave 2-hop 0.69 / 0.46 while seed 0's
-    training reward reached 0.97, 20,000 demonstrations instead of 8,000 gave 0.62 / 0.63, and a third
-    layer with one result per search 0.63 / 0.27. The held-out plateau is the model's copying of
-    names it has never seen, not RL time.
+    Chosen by probes on the held-out world (2-core CPU, 1 torch thread, two runs side by side).
+    Shape (2026-11-23/24): 64-wide heads (``tiny_head_dim``; 32 by default at this width) lift seed 0's
+    held-out 1-hop greedy EM after 1,200 warm-start steps from 0.73 to 0.87 (128-wide heads did not train
+    at this learning rate; 5e-3 was unstable); four such heads instead of two gave 0.87 against 0.84
+    held-out 2-hop after SFT on full demonstrations, at 1.5x the time. World and warm start (2026-11-25):
+    with the default names (3-4 tokens per invented word) every probe plateaued at 0.46-0.69 held-out
+    2-hop, failing on miscopied names; two-token stems (:func:`agents.demo_task.demo_world`) took seed 0
+    to 0.84. Seed 1's warm start then fitted its demonstrations by memorising the 50x world's names (loss
+    0.02-0.06, held-out 1-hop 0.20-0.48 in five probes: lower or higher SFT rate, 4 heads, a copy
+    warm-up alone); a 500x world with 30,000 demonstrations and the copy warm-up (``sft_copy_steps``)
+    made it copy (1-hop 0.90-1.00). In GRPO, 3e-4 (the best rate with the old names) lifted seed 1's
+    2-hop to 0.74 in 20 steps, then lost 1-hop EM (0.90 -> 0.75) and 2-hop (0.66); 1e-4 reached
+    0.79-0.80 on seeds 1 and 2 and kept 1-hop closer (seed 1 0.99, seed 2 0.96 -> 0.89). The 0.9 target
+    is not reached: see the closing notes of issue 8 for the per-seed table.
     """
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2, tiny_head_dim=64,
         protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=60000, world_scale=500, eval_world_seed=11,
         steps=150, questions_per_step=8, group_size=8, max_new_tokens=96, max_context=1024, max_turns=4,
-        temperature=0.7, learning_rate=3e-4, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=64,
+        temperature=0.7, learning_rate=1e-4, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=64,
         sft_steps=2400, sft_copy_steps=300, sft_examples=30000, sft_lr=3e-3, sft_second_hop_rate=0.1,
         eval_questions=100, seed=seed, progress=False, tensorboard=False, output_dir=f"runs/learning/seed{seed}",
     )
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=10, help="RL steps between held-out evaluations")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/learning"), help="where the runs, curve and results go")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                        help="override demo config fields (YAML values), e.g. --set learning_rate=1e-4 steps=100")
+                        help="override demo config fields (YAML values), e.g. --set learning_rate=3e-4 steps=100")
     args = parser.parse_args(argv)
     try:
         changes = overrides(args.set)
