@@ -20,8 +20,8 @@ Three choices make the task learnable at that size:
   an answer is a copy of unseen names, and how exactly a tiny model copies decides the held-out score.
   With the default names the demo's held-out 2-hop greedy EM stayed at 0.46-0.69 in every probe, its
   failures nearly all miscopied names ("Grymisand" answered "Gryvirnand"); after SFT on demonstrations
-  that all take the second hop it reached 0.84, against 0.90 with two-token stems (seed 0,
-  2026-11-25). A held-out world leaves out the training world's words (``held_out_from``).
+  that all take the second hop it reached 0.84, against 0.90 with stems of one or two tokens (seed 0,
+  2026-11-25; exactly two since, as a one-token stem is a rare token). A held-out world leaves out the training world's words (``held_out_from``).
 
 Questions are chain questions (1 and 2 lookups): comparisons and yes/no checks need reasoning over two
 results that a model of this size does not learn in minutes.

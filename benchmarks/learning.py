@@ -59,8 +59,8 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     at this learning rate; 5e-3 was unstable); four such heads instead of two gave 0.87 against 0.84
     held-out 2-hop after SFT on full demonstrations, at 1.5x the time. World and warm start (2026-11-25):
     with the default names (3-4 tokens per invented word) every probe plateaued at 0.46-0.69 held-out
-    2-hop, failing on miscopied names; two-token stems (:func:`agents.demo_task.demo_world`) took seed 0
-    to 0.84. Seed 1's warm start then fitted its demonstrations by memorising the 50x world's names (loss
+    2-hop, failing on miscopied names; stems of one or two tokens (two now:
+    :func:`agents.demo_task.demo_world`) took seed 0 to 0.84. Seed 1's warm start then fitted its demonstrations by memorising the 50x world's names (loss
     0.02-0.06, held-out 1-hop 0.20-0.48 in five probes: lower or higher SFT rate, 4 heads, a copy
     warm-up alone); a 500x world with 30,000 demonstrations and the copy warm-up (``sft_copy_steps``)
     made it copy (1-hop 0.90-1.00). In GRPO, 3e-4 (the best rate with the old names) lifted seed 1's
