@@ -1,6 +1,6 @@
 """The embedded demo task: what a tiny policy trained from scratch learns on a CPU in minutes.
 
-Three choices make the task learnable at that size:
+Four choices make the task learnable at that size:
 
 * a compact dialect of Search-R1 (:data:`COMPACT_SEARCH_R1`): the same tags, stop strings and reward
   (EM of the last ``<answer>``), but a one-line prompt and results without the ``Doc i(Title: ...)``
@@ -11,7 +11,9 @@ Three choices make the task learnable at that size:
   another seed. Measured on the held-out world's 1-hop questions, greedy, after 2,400 warm-start steps of
   the 2x64 demo model (2-core CPU, 2026-11-22): 0.46 EM with 10 times the default world's entities and
   4,000 questions (training loss 0.010: memorised), 0.73 with 50 times and 20,000 questions (loss 0.046);
-  and 0.56 after 3,600 steps at 10 times. The default is 50 times;
+  and 0.56 after 3,600 steps at 10 times. The default here is 50 times; the demo
+  (``demo_config`` in ``benchmarks/learning.py``) trains on 500 times, where even with two-token names the
+  warm start cannot fit its demonstrations by memorising names;
 * BM25 over lightly stemmed words (:func:`light_stem`) and two results per search: the passage that
   answers a lookup comes first in about 97% of lookups (74% unstemmed), so that the answer is where a
   small model learns to look;
@@ -21,7 +23,8 @@ Three choices make the task learnable at that size:
   With the default names the demo's held-out 2-hop greedy EM stayed at 0.46-0.69 in every probe, its
   failures nearly all miscopied names ("Grymisand" answered "Gryvirnand"); after SFT on demonstrations
   that all take the second hop it reached 0.84, against 0.90 with stems of one or two tokens (seed 0,
-  2026-11-25; exactly two since, as a one-token stem is a rare token). A held-out world leaves out the training world's words (``held_out_from``).
+  2026-11-25; exactly two since, as a one-token stem is a rare token). A held-out world leaves out the
+  training world's words (``held_out_from``).
 
 Questions are chain questions (1 and 2 lookups): comparisons and yes/no checks need reasoning over two
 results that a model of this size does not learn in minutes.

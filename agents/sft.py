@@ -104,7 +104,7 @@ def warm_start(
     if config.sft_copy_steps > 0:
         left_out = {*policy.codec.eos_ids, policy.codec.pad_id}
         pool = {i for t in trajectories for i in t.token_ids} - left_out
-        copy_losses = copy_warmup(policy.model, sorted(pool), config.sft_copy_steps, lr=config.sft_lr, seed=config.seed,
+        copy_losses = copy_warmup(policy.model, pool, config.sft_copy_steps, lr=config.sft_lr, seed=config.seed,
                                   max_grad_norm=config.max_grad_norm)
     device = next(policy.parameters()).device
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.sft_lr, betas=tuple(config.adam_betas),

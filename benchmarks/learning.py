@@ -60,13 +60,14 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     held-out 2-hop after SFT on full demonstrations, at 1.5x the time. World and warm start (2026-11-25):
     with the default names (3-4 tokens per invented word) every probe plateaued at 0.46-0.69 held-out
     2-hop, failing on miscopied names; stems of one or two tokens (two now:
-    :func:`agents.demo_task.demo_world`) took seed 0 to 0.84. Seed 1's warm start then fitted its demonstrations by memorising the 50x world's names (loss
-    0.02-0.06, held-out 1-hop 0.20-0.48 in five probes: lower or higher SFT rate, 4 heads, a copy
-    warm-up alone); a 500x world with 30,000 demonstrations and the copy warm-up (``sft_copy_steps``)
-    made it copy (1-hop 0.90-1.00). In GRPO, 3e-4 (the best rate with the old names) lifted seed 1's
-    2-hop to 0.74 in 20 steps, then lost 1-hop EM (0.90 -> 0.75) and 2-hop (0.66); 1e-4 reached
-    0.79-0.80 on seeds 1 and 2 and kept 1-hop closer (seed 1 0.99, seed 2 0.96 -> 0.89). The 0.9 target
-    is not reached: see the closing notes of issue 8 for the per-seed table.
+    :func:`agents.demo_task.demo_world`) took seed 0 to 0.84. Seed 1's warm start then fitted its
+    demonstrations by memorising the 50x world's names (loss 0.02-0.06, held-out 1-hop 0.20-0.48 in five
+    probes: lower or higher SFT rate, 4 heads, a copy warm-up alone); a 500x world with 30,000
+    demonstrations and the copy warm-up (``sft_copy_steps``) made it copy (1-hop 0.90-1.00). In GRPO,
+    3e-4 (the best rate with the old names) lifted seed 1's 2-hop to 0.74 in 20 steps, then lost 1-hop
+    EM (0.90 -> 0.75) and 2-hop (0.66); with 1e-4 seeds 0/1/2 end at 2-hop 0.82/0.79/0.81 and 1-hop
+    0.97/0.99/0.95 (0.96-1.00 after the warm start). The 0.9 target is not reached: see the closing
+    notes of issue 8 for the per-seed table.
     """
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2, tiny_head_dim=64,
