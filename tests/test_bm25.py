@@ -6,11 +6,12 @@ import json
 import random
 
 import bm25s
+import numpy as np
 import pytest
 
 from search_env.data.corpus import load_corpus
 from search_env.sources.base import Passage, Source
-from search_env.sources.bm25 import BM25Source
+from search_env.sources.bm25 import BM25Source, _kth_largest
 
 PASSAGES = [
     {"id": "p0", "title": "Zarbo Corp", "text": "Zarbo Corp is a company founded by Mira Talen in Velbury."},
@@ -102,6 +103,18 @@ def test_ranking_matches_bm25s_exhaustive_scores_with_ties_in_corpus_order() -> 
             assert [i for i, _ in got] == [i for i, _ in expected], (query, k)
             assert [s for _, s in got] == pytest.approx([s for _, s in expected], rel=1e-6)
     assert source.search(["alpha beta"], 10) == source.search(["alpha beta"], 10)
+
+
+@pytest.mark.parametrize("distinct", [1, 3, 1000])
+def test_kth_largest_counts_repeats_like_a_full_sort(distinct: int) -> None:
+    # Stepping down distinct values (small k) and partitioning (large k) both give the sorted order's k-th.
+    rng = np.random.default_rng(distinct)
+    for _ in range(30):
+        values = rng.choice(rng.random(distinct).astype(np.float32), size=int(rng.integers(1, 400)))
+        descending = np.sort(values)[::-1]
+        for k in (1, 2, 3, 8, 9, 20, values.size):
+            if k <= values.size:
+                assert _kth_largest(values, k) == descending[k - 1], (distinct, k)
 
 
 def test_wiki18_contents_format(tmp_path) -> None:
