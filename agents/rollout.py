@@ -47,6 +47,13 @@ class RolloutTimings:
     search_s: float = 0.0
     total_s: float = 0.0
 
+    def add(self, other: RolloutTimings) -> None:
+        """Add ``other``'s times to these (rollouts taken one after another)."""
+        self.generation_s += other.generation_s
+        self.env_s += other.env_s
+        self.search_s += other.search_s
+        self.total_s += other.total_s
+
     def shares(self) -> dict[str, float]:
         """Each part as a fraction of ``total_s`` (``other``: what the rollout itself spent)."""
         total = self.total_s or 1.0

@@ -6,7 +6,8 @@ Each step:
 2. ``questions_per_step`` questions (a seeded reshuffle of the dataset per epoch) are rolled out
    ``group_size`` times each with the policy's sampler;
 3. the trajectories become a :class:`~agents.batch.TrainBatch`; the algorithm may drop rows (DAPO's
-   dynamic sampling) and shapes scores itself (overlong punishment);
+   dynamic sampling, which may roll out further questions to refill the batch) and shapes scores
+   itself (overlong punishment);
 4. with no gradient: the rollout policy's log-probs, the reference's (when KL is on) and the critic's
    values (PPO). With one update pass of one optimiser step over the whole rollout and nothing in the
    advantages that needs them (no critic, no KL in the reward), the rollout policy's log-probs are
@@ -51,11 +52,12 @@ from agents.interface import RolloutAgent
 from agents.learners import Algorithm
 from agents.logger import RunLogger
 from agents.policy import HFPolicy
-from agents.rollout import build_batch, collect_rollouts
+from agents.rollout import RolloutTimings, build_batch, collect_rollouts
 from agents.sampler import HFSampler
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
+from search_env.trajectory import Trajectory
 
 __all__ = ["Trainer", "TrainResult", "QuestionOrder"]
 
@@ -210,15 +212,10 @@ class Trainer:
         cfg = self.config
         started = time.perf_counter()
         self.env.set_reward_step(self.step)
-        questions = self.order.take(cfg.questions_per_step)
-        rollout = collect_rollouts(self.agent_factory(False, self._seed("rollout")), self.env, questions,
-                                   group_size=cfg.group_size)
-        trajectories = rollout.trajectories
-        batch = build_batch(trajectories, rollout.group_ids, self.policy.codec.pad_id)
-        batch = self.algorithm.filter_batch(batch)
+        trajectories, batch, timings, rounds = self._rollout_batch()
         batch = batch.select(_by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
-        stats: dict[str, float] = {"rows": float(len(batch))}
+        stats: dict[str, float] = {"rows": float(len(batch)), "rollout_rounds": float(rounds)}
         if len(batch) and batch.trained_mask.any():
             batch = _to_device(batch, self._device())
             self._score(batch)
@@ -227,7 +224,6 @@ class Trainer:
         if "kl_reward" in stats:  # KL to the reference, however it was applied, is logged as "kl"
             stats["kl"] = stats.pop("kl_reward")
         now = time.perf_counter()
-        timings = rollout.timings
         agent_tokens = sum(int(t.agent_mask.sum()) for t in trajectories)
         metrics = {
             **summarize(trajectories).as_dict(),
@@ -246,6 +242,36 @@ class Trainer:
         return metrics
 
     # -- pieces of a step ---------------------------------------------------------------------------
+    def _rollout_batch(self) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
+        """Roll out ``questions_per_step`` questions and keep the rows the algorithm keeps; with GRPO's
+        ``dynamic_sampling_rounds`` > 1, roll out further questions until ``questions_per_step`` groups
+        are kept (the first ones) or the rounds are spent. Returns every episode rolled out, the batch,
+        the summed timings and the rounds taken."""
+        cfg = self.config
+        wanted, rounds = cfg.questions_per_step, getattr(cfg, "dynamic_sampling_rounds", 1)
+        pad = self.policy.codec.pad_id
+        trajectories: list[Trajectory] = []
+        kept: list[TrainBatch] = []
+        groups: list[str] = []  # the kept groups' ids, in order
+        timings = RolloutTimings()
+        for round_ in range(rounds):
+            seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
+            rollout = collect_rollouts(self.agent_factory(False, seed), self.env, self.order.take(wanted),
+                                       group_size=cfg.group_size)
+            trajectories += rollout.trajectories
+            timings.add(rollout.timings)
+            batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad))
+            kept.append(batch)
+            groups += [g for g in dict.fromkeys(batch.group_ids) if g not in groups]
+            if len(groups) >= wanted:
+                break
+        if len(kept) == 1 or not groups:  # one rollout's questions are at most ``wanted`` groups
+            return trajectories, kept[0], timings, len(kept)
+        chosen = set(groups[:wanted])
+        rows = [(t, g) for b in kept for t, g in zip(b.trajectories, b.group_ids) if g in chosen]
+        batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad)
+        return trajectories, batch, timings, len(kept)
+
     @torch.no_grad()
     def _score(self, batch: TrainBatch) -> None:
         """Fill the rollout policy's log-probs, the reference's and the critic's values, micro-batch by micro-batch."""
@@ -312,9 +338,10 @@ class Trainer:
         cfg = self.config
         return HFSampler(self.policy, temperature=cfg.temperature, top_p=cfg.top_p, greedy=greedy, seed=seed)
 
-    def _seed(self, stream: str) -> int:
-        """A seed for ``stream`` at the current step, from the run's seed (independent of other streams)."""
-        return int(np.random.SeedSequence([self.config.seed, _STREAMS[stream], self.step]).generate_state(1)[0])
+    def _seed(self, stream: str, *more: int) -> int:
+        """A seed for ``stream`` at the current step (and ``more``, e.g. a rollout round), from the run's
+        seed (independent of other streams)."""
+        return int(np.random.SeedSequence([self.config.seed, _STREAMS[stream], self.step, *more]).generate_state(1)[0])
 
     def _device(self) -> torch.device:
         return next(self.policy.parameters()).device

@@ -183,6 +183,52 @@ def test_dynamic_sampling_that_drops_every_group_skips_the_update(tmp_path):
     assert all(torch.equal(v, before[k]) for k, v in trainer.policy.state_dict().items())
 
 
+def test_dynamic_sampling_refills_the_dropped_groups_from_new_questions(tmp_path, monkeypatch):
+    # A filter that keeps one group of each rollout: two groups are wanted, so the step takes two rounds,
+    # trains on the first group of each (in order) and rolls out the next questions of the data order.
+    trainer = build_trainer(small_config("grpo", tmp_path, steps=1, eval_questions=0, dynamic_sampling=True,
+                                         dynamic_sampling_rounds=4))
+    rolled: list[list[str]] = []
+
+    def keep_first_group(batch):
+        rolled.append(list(dict.fromkeys(batch.group_ids)))
+        return batch.select([i for i, g in enumerate(batch.group_ids) if g == batch.group_ids[0]])
+
+    monkeypatch.setattr(trainer.algorithm, "filter_batch", keep_first_group)
+    position = trainer.order.state_dict()
+    expected_questions = trainer.order.take(4)
+    trainer.order.load_state_dict(position)
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.env.close()
+    examples = trainer.env.envs[0].examples
+    assert [g for r in rolled for g in r] == [examples[i].id for i in expected_questions]
+    assert metrics["rollout_rounds"] == 2.0 and metrics["episodes"] == 8.0 and metrics["rows"] == 4.0
+    assert "grad_norm" in metrics
+
+
+def test_dynamic_sampling_rounds_stop_at_their_limit(tmp_path, monkeypatch):
+    trainer = build_trainer(small_config("grpo", tmp_path, steps=1, eval_questions=0, dynamic_sampling=True,
+                                         dynamic_sampling_rounds=3))
+    monkeypatch.setattr(trainer.algorithm, "filter_batch", lambda batch: batch.select([]))
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.env.close()
+    assert metrics["rollout_rounds"] == 3.0 and metrics["episodes"] == 12.0 and metrics["rows"] == 0.0
+    assert "grad_norm" not in metrics
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"dynamic_sampling_rounds": 0, "dynamic_sampling": True}, "must be >= 1"),
+    ({"dynamic_sampling_rounds": 2}, "set dynamic_sampling=True"),
+])
+def test_dynamic_sampling_rounds_are_checked(tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        small_config("grpo", tmp_path, **changes)
+
+
 @pytest.mark.parametrize("algo", ["grpo", "reinforce++-baseline"])
 def test_one_pass_of_one_step_takes_old_logprobs_from_the_update_and_updates_the_same(tmp_path, algo, monkeypatch):
     """With one optimiser step per rollout the policy has not moved when the update runs, so its own

@@ -34,7 +34,11 @@ class GRPOConfig(TrainConfig):
         scale_rewards: divide the group-centred score by the group's std (GRPO); False is Dr. GRPO's
             "no std" (the centred score only).
         dynamic_sampling: DAPO's dynamic sampling: drop question groups whose samples all scored the
-            same before the update (they carry no gradient). The trainer keeps what is left.
+            same before the update (they carry no gradient).
+        dynamic_sampling_rounds: with ``dynamic_sampling``, how many rollouts of ``questions_per_step``
+            new questions a step may take to fill its batch with ``questions_per_step`` groups that
+            differ (DAPO's refill, ``max_num_gen_batches``); the first groups kept are trained on. 1:
+            train on what is left of one rollout.
         overlong_buffer: DAPO's soft overlong punishment over the last ``overlong_buffer`` agent tokens
             of the ``max_new_tokens`` budget (0: off).
         overlong_penalty_factor: the punishment at and beyond the budget (DAPO: 1.0).
@@ -48,6 +52,7 @@ class GRPOConfig(TrainConfig):
     entropy_coef: float = 0.001  # verl's actor.entropy_coeff in Search-R1's ppo_trainer.yaml
     scale_rewards: bool = True  # GRPO (DeepSeekMath); Dr. GRPO: False
     dynamic_sampling: bool = False  # DAPO: True
+    dynamic_sampling_rounds: int = 1  # verl's DAPO recipe: algorithm.filter_groups.max_num_gen_batches
     overlong_buffer: int = 0  # DAPO: 4096 of a 20480-token budget
     overlong_penalty_factor: float = 1.0  # DAPO
 
@@ -55,6 +60,10 @@ class GRPOConfig(TrainConfig):
         check_train_config(self, "grpo")
         if self.group_size < 2:
             raise ValueError(f"GRPO compares samples of a question: group_size must be >= 2, got {self.group_size}")
+        if self.dynamic_sampling_rounds < 1:
+            raise ValueError(f"dynamic_sampling_rounds must be >= 1, got {self.dynamic_sampling_rounds}")
+        if self.dynamic_sampling_rounds > 1 and not self.dynamic_sampling:
+            raise ValueError("dynamic_sampling_rounds > 1 refills the groups that dynamic sampling drops: set dynamic_sampling=True")
         if not 0 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}], got {self.overlong_buffer}")
 
