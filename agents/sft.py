@@ -86,7 +86,9 @@ def warm_start(
     ``config.sft_second_hop_rate``. First, when ``config.sft_copy_steps`` > 0, the copy warm-up
     (:func:`agents.copy_warmup.copy_warmup`, at ``config.sft_lr``) on strings of the demonstrations' own
     ids (end-of-sequence and padding left out). Each step takes ``batch_size`` demonstrations (seeded reshuffles,
-    epoch by epoch) in micro-batches of ``config.micro_batch_size``; the learning rate ``config.sft_lr``
+    epoch by epoch), ordered by length and split into micro-batches of ``config.micro_batch_size`` rows,
+    each trimmed to its longest row (the demo's 1-hop demonstrations are half as long as its 2-hop ones: 8
+    rows a micro-batch instead of 32 took a step from 135 to 91 ms); the learning rate ``config.sft_lr``
     warms up over the first steps and decays on a cosine; gradients are clipped at
     ``config.max_grad_norm``. Shows a progress bar as ``config.progress`` says.
     """
@@ -125,7 +127,8 @@ def warm_start(
             while len(order) < batch_size:
                 order += torch.randperm(len(trajectories), generator=generator).tolist()
             rows, order = order[:batch_size], order[batch_size:]
-            picked = [trajectories[i] for i in rows]
+            # Ordered by length, so that each micro-batch is trimmed to its own longest row (same gradient).
+            picked = sorted((trajectories[i] for i in rows), key=lambda t: len(t.token_ids))
             batch = build_batch(picked, [t.example_id for t in picked], policy.codec.pad_id)
             total = float(batch.trained_mask.sum())
             if total == 0:
