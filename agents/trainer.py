@@ -243,18 +243,19 @@ class Trainer:
 
     # -- pieces of a step ---------------------------------------------------------------------------
     def _rollout_batch(self) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
-        """Roll out ``questions_per_step`` questions and keep the rows the algorithm keeps; with GRPO's
-        ``dynamic_sampling_rounds`` > 1, roll out further questions until ``questions_per_step`` groups
-        are kept (the first ones) or the rounds are spent. Returns every episode rolled out, the batch,
-        the summed timings and the rounds taken."""
+        """Roll out ``questions_per_step`` questions and keep the rows the algorithm keeps; while fewer than
+        ``questions_per_step`` groups are kept, roll out further questions, up to the algorithm's
+        ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept.
+        Returns every episode rolled out, the batch, the summed timings and the rounds taken."""
         cfg = self.config
-        wanted, rounds = cfg.questions_per_step, getattr(cfg, "dynamic_sampling_rounds", 1)
+        wanted = cfg.questions_per_step
         pad = self.policy.codec.pad_id
         trajectories: list[Trajectory] = []
         kept: list[TrainBatch] = []
         groups: list[str] = []  # the kept groups' ids, in order
         timings = RolloutTimings()
-        for round_ in range(rounds):
+        for round_ in range(self.algorithm.rollout_rounds):
+            # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
             seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
             rollout = collect_rollouts(self.agent_factory(False, seed), self.env, self.order.take(wanted),
                                        group_size=cfg.group_size)

@@ -113,6 +113,11 @@ class Algorithm(ABC):
         Call it before computing log-probs so dropped rows cost no forward pass."""
         return batch
 
+    @property
+    def rollout_rounds(self) -> int:
+        """How many rollouts a step may take to refill the groups :meth:`filter_batch` drops (1: none)."""
+        return 1
+
     @abstractmethod
     def compute_advantages(self, batch: TrainBatch) -> dict[str, float]:
         """Fill ``batch.advantages`` (and ``batch.returns`` where the algorithm has returns) from the

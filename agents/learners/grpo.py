@@ -91,6 +91,11 @@ class GRPO(Algorithm):
             scores = scores + penalty.to(scores)
         return scores
 
+    @property
+    def rollout_rounds(self) -> int:
+        """``dynamic_sampling_rounds``: DAPO's refill of the dropped groups."""
+        return self.config.dynamic_sampling_rounds
+
     def filter_batch(self, batch: TrainBatch) -> TrainBatch:
         """With ``dynamic_sampling``, the rows of groups whose shaped scores differ (may be empty)."""
         if not self.config.dynamic_sampling:
