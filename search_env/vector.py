@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from search_env._fork import forget_threads_after_fork
 from search_env.env import PlanRequest, Request, SearchQAEnv, SearchRequest
 
 __all__ = ["BatchSearchQAEnv"]
@@ -45,6 +46,7 @@ class BatchSearchQAEnv:
         self.single_action_space = first.action_space
         self.single_observation_space = first.observation_space
         self._pool: ThreadPoolExecutor | None = None
+        forget_threads_after_fork(self, _drop_pool)
 
     def reset(self, *, seed: int | None = None, options: Sequence[dict | None] | dict | None = None):
         """Reset every episode (episode ``i`` gets seed ``seed + i``); ``options`` may be one dict per
@@ -132,3 +134,6 @@ class BatchSearchQAEnv:
             self._pool.shutdown(wait=True)
         self.envs[0].close()
 
+
+def _drop_pool(env: BatchSearchQAEnv) -> None:
+    env._pool = None

@@ -96,3 +96,31 @@ def split_tag_tokenizer():
     text = ["the answer is in the search results about the question of where people live"] * 20
     tok.train_from_iterator(text, trainer)
     return tok
+
+
+def in_forked_child(function, timeout_s: float = 30.0):
+    """Run ``function()`` in a process forked from this one and return its value; fails the test when the
+    child does not answer within ``timeout_s`` (a thread pool copied from the parent hangs it) or raises."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send(("ok", function()))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            send.send(("error", repr(exc)))
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    try:
+        if not receive.poll(timeout_s):
+            pytest.fail(f"the forked child did not answer within {timeout_s:g} s")
+        status, value = receive.recv()
+    finally:
+        process.kill()
+        process.join()
+    if status != "ok":
+        pytest.fail(f"the forked child raised {value}")
+    return value

@@ -19,7 +19,7 @@ import pytest
 
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.sources.remote import RemoteSource, document_to_passage, parse_retrieve_response
-from tests.conftest import skip_without
+from tests.conftest import in_forked_child, skip_without
 
 if TYPE_CHECKING:
     from search_env.server import RetrievalServer
@@ -489,3 +489,15 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(SourceError, match="string"):
         remote.search([b"bytes"], 1)  # type: ignore[list-item]
     remote.close()
+
+
+def test_a_forked_child_searches_through_a_source_the_parent_used(server: RetrievalServer) -> None:
+    # The parent's sender threads do not exist in a fork (an EnvWorker): the child must start its own.
+    source = RemoteSource(server.url, name="remote", timeout_s=WAIT_S, max_in_flight=1)  # no second sender
+    try:
+        assert source.search(["parent"], 2) == [[expected_passage("parent", r, 2) for r in range(2)]]
+        assert source._senders  # threads were started here
+        found = in_forked_child(lambda: source.search(["child", "two"], 1), timeout_s=WAIT_S)
+        assert found == [[expected_passage("child", 0, 1)], [expected_passage("two", 0, 1)]]
+    finally:
+        source.close()

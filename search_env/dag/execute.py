@@ -37,6 +37,7 @@ same episode however the sources' latencies fall. Times are seconds since the ru
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -223,6 +224,16 @@ def format_dag_results(run: DagRun, doc_formatter: Callable[[Sequence[Passage]],
             body = body or "No results."
         sections.append(f"{header}\n{body}")
     return "\n\n".join(sections)
+
+
+def _forget_shared_pool() -> None:
+    """In a forked child the parent's pool threads do not exist: start a new pool on first use."""
+    global _shared_pool, _shared_pool_lock
+    _shared_pool, _shared_pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_shared_pool)
 
 
 def _default_pool() -> ThreadPoolExecutor:

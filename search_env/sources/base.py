@@ -50,6 +50,13 @@ class Source(abc.ABC):
 
     name: str = "source"
 
+    @property
+    def fork_safe(self) -> bool:
+        """Whether a forked copy of this source can search (:class:`~search_env.worker.EnvWorker` forks the
+        environment). False for a source that runs a PyTorch model in-process: PyTorch's thread pool
+        cannot be used from a forked process's threads."""
+        return True
+
     @abc.abstractmethod
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Return, for each query, at most ``k`` passages, best first.

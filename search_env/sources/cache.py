@@ -36,6 +36,10 @@ class CachedSource(Source):
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def fork_safe(self) -> bool:
+        return self.source.fork_safe
+
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Answer cached ``(query, k)`` pairs from memory and the rest with one inner call."""
         if isinstance(queries, str):

@@ -223,6 +223,10 @@ class DenseSource(Source):
         cpu_index, self.stats = self._load_or_build(rebuild=rebuild, show_progress=progress_enabled(show_progress))
         self._index = _to_search_device(cpu_index, self.config, use_gpu)
 
+    @property
+    def fork_safe(self) -> bool:
+        return False  # its encoder runs a PyTorch model in-process (see Source.fork_safe)
+
     def _manifest(self, corpus_hash: str, stats: BuildStats) -> dict[str, Any]:
         return {
             "format": FORMAT_VERSION,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Hashable, Sequence, TypeVar
 
+from search_env._fork import forget_threads_after_fork
+
 from .base import Passage, Source
 
 Key = TypeVar("Key", bound=Hashable)
@@ -84,7 +86,12 @@ class HybridSource(Source):
         self.weights = list(weights) if weights is not None else None
         self.depth = depth
         self.name = name
-        self._pool = ThreadPoolExecutor(max_workers=len(self.sources), thread_name_prefix=f"{name}-fusion")
+        self._pool = self._new_pool()
+        forget_threads_after_fork(self, HybridSource._restart_pool)
+
+    @property
+    def fork_safe(self) -> bool:
+        return all(source.fork_safe for source in self.sources)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Fused top-``k`` passages per query; a failing source's exception propagates."""
@@ -109,6 +116,13 @@ class HybridSource(Source):
                                             weights=self.weights)
             fused.append([Passage(pid, by_id[pid].title, by_id[pid].text, score) for pid, score in ranked[:k]])
         return fused
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=len(self.sources), thread_name_prefix=f"{self.name}-fusion")
+
+    def _restart_pool(self) -> None:
+        """In a forked child the parent's threads do not exist: a new pool (its threads start on use)."""
+        self._pool = self._new_pool()
 
     def close(self) -> None:
         """Stop the worker threads and close every fused source."""

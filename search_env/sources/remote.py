@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError, NewConnectionError
 
+from search_env._fork import forget_threads_after_fork
 from search_env.data.corpus import split_wiki18_contents
 from search_env.sources.base import Passage, Source, SourceError
 
@@ -222,11 +223,9 @@ class RemoteSource(Source):
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
         self.backoff_s = backoff_s
-        self._pending: collections.deque[_Call] = collections.deque()
-        self._cond = threading.Condition()
-        self._senders: list[threading.Thread] = []
-        self._in_flight: set[_Batch] = set()
         self._closed = False
+        self._forget_senders()
+        forget_threads_after_fork(self, RemoteSource._forget_senders)
         self.requests_sent = 0  # HTTP attempts, for tests and benchmarks that check batching
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
@@ -250,6 +249,13 @@ class RemoteSource(Source):
         except FutureTimeout:
             self._give_up(call)
         raise SourceError(f"source {self.name!r}: no reply within {self.timeout_s:g} s from {self.url}")
+
+    def _forget_senders(self) -> None:
+        """No queue, no sender threads (at start, and in a forked child, where the parent's do not exist)."""
+        self._pending: collections.deque[_Call] = collections.deque()
+        self._cond = threading.Condition()
+        self._senders: list[threading.Thread] = []
+        self._in_flight: set[_Batch] = set()
 
     def close(self) -> None:
         """Stop the sender threads: calls still queued fail with SourceError, requests in flight are cut."""

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 
+from search_env._fork import forget_threads_after_fork
 from search_env.sources.base import Passage, Source, SourceError
 
 
@@ -33,7 +34,20 @@ class TimeLimitedSource(Source):
         self.timeout_s = timeout_s
         self.timeouts = 0
         self._count_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"source-{source.name}")
+        self._max_workers = max_workers
+        self._pool = self._new_pool()
+        forget_threads_after_fork(self, TimeLimitedSource._restart_pool)
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"source-{self.source.name}")
+
+    def _restart_pool(self) -> None:
+        """In a forked child the parent's threads do not exist: a new pool (its threads start on use)."""
+        self._pool = self._new_pool()
+
+    @property
+    def fork_safe(self) -> bool:
+        return self.source.fork_safe
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Return the inner source's answer, or raise :class:`SourceError` after ``timeout_s`` seconds."""
