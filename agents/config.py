@@ -48,6 +48,10 @@ class TrainConfig:
         max_new_tokens: agent tokens per episode.
         max_context: tokens per episode, prompt and results included.
         max_turns: searches per episode (None: the protocol's).
+        env_worker: step the training episodes in a forked worker process (Linux), handing each episode's
+            chunk over as it ends, so the environment and search run on another core while the policy
+            decodes the other episodes (:class:`search_env.worker.EnvWorker`); the episodes are the same.
+            Worth it when a core is free: it takes a second one.
         temperature: sampling temperature; log-probs are taken at this temperature.
         top_p: nucleus sampling (1.0: off).
         learning_rate: AdamW's learning rate.
@@ -117,6 +121,7 @@ class TrainConfig:
     max_new_tokens: int = 256
     max_context: int = 2048
     max_turns: int | None = None
+    env_worker: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     # optimisation

@@ -27,7 +27,7 @@ from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
-__all__ = ["Chunk", "RolloutAgent", "ScriptedRolloutAgent", "turn_stop_strings"]
+__all__ = ["Chunk", "RolloutAgent", "StreamingRolloutAgent", "ScriptedRolloutAgent", "turn_stop_strings"]
 
 
 def turn_stop_strings(protocol: Protocol) -> tuple[str, ...]:
@@ -72,6 +72,25 @@ class RolloutAgent(TypingProtocol):
 
     def finish(self, row: int) -> None:
         """The row's episode has ended; the agent may free what it holds for it."""
+        ...
+
+
+@runtime_checkable
+class StreamingRolloutAgent(RolloutAgent, TypingProtocol):
+    """A rollout agent that reports each row's chunk as soon as the row stops, before ``generate`` returns.
+
+    With an environment stepped in a worker process (:class:`search_env.worker.EnvWorker`), the rollout
+    hands those chunks over at once, so the environment steps them while the agent decodes the rows still
+    writing. An agent says it streams with ``streams_chunks = True``.
+    """
+
+    streams_chunks: bool
+
+    def generate(self, rows: Sequence[int], budgets: Sequence[int], *,
+                 on_chunks: Callable[[dict[int, Chunk]], None] | None = None) -> list[Chunk]:
+        """As :meth:`RolloutAgent.generate`; besides, ``on_chunks`` (when given) receives, as rows stop,
+        the chunks of the rows that stopped (row -> chunk), every row exactly once and with the chunk
+        that ``generate`` then returns for it."""
         ...
 
 

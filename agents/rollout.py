@@ -18,11 +18,12 @@ import numpy as np
 import torch
 
 from agents.batch import TrainBatch
-from agents.interface import RolloutAgent
+from agents.interface import Chunk, RolloutAgent, StreamingRolloutAgent
 from agents.policy import position_ids_from_mask
 from search_env import BatchSearchQAEnv
 from search_env.data.example import QAExample
 from search_env.trajectory import AGENT, Trajectory
+from search_env.worker import EnvWorker, StepResult
 
 __all__ = ["Rollout", "RolloutTimings", "collect_rollouts", "build_batch"]
 
@@ -40,12 +41,16 @@ class RolloutTimings:
         search_s: searching: per batched step, the time its search round took (see ``_search_time``; the
             episodes' own call durations overlap and also hold other episodes' stepping).
         total_s: the whole of :func:`collect_rollouts`; the rest is the rollout's own bookkeeping.
+        worker_s: with an :class:`~search_env.worker.EnvWorker`, the worker's own time stepping (search
+            included), which overlaps generation; ``env_s`` is then the time the rollout spent handing
+            chunks over and waiting for results, and ``search_s`` is 0 (it happens inside the worker).
     """
 
     generation_s: float = 0.0
     env_s: float = 0.0
     search_s: float = 0.0
     total_s: float = 0.0
+    worker_s: float = 0.0
 
     def add(self, other: RolloutTimings) -> None:
         """Add ``other``'s times to these (rollouts taken one after another)."""
@@ -53,6 +58,7 @@ class RolloutTimings:
         self.env_s += other.env_s
         self.search_s += other.search_s
         self.total_s += other.total_s
+        self.worker_s += other.worker_s
 
     def shares(self) -> dict[str, float]:
         """Each part as a fraction of ``total_s`` (``other``: what the rollout itself spent)."""
@@ -104,7 +110,7 @@ class Rollout:
 
 def collect_rollouts(
     agent: RolloutAgent,
-    env: BatchSearchQAEnv,
+    env: BatchSearchQAEnv | EnvWorker,
     questions: Sequence[int | QAExample],
     *,
     group_size: int = 1,
@@ -112,8 +118,11 @@ def collect_rollouts(
     """Run ``group_size`` episodes of ``agent`` on each question and return them with their timings.
 
     ``questions`` are indices into the environment's dataset or :class:`QAExample` objects. Episodes run
-    ``env.num_envs`` at a time (in waves when there are more). Raises ``RuntimeError`` when an agent's
-    chunk and the environment disagree about where a turn ends (token-in/token-out would be broken).
+    ``env.num_envs`` at a time (in waves when there are more). With an :class:`EnvWorker` and an agent
+    that streams its chunks (:class:`~agents.interface.StreamingRolloutAgent`), each row's chunk goes to
+    the worker as soon as the row stops, and the worker steps it while the agent decodes the other rows;
+    the episodes are the same as stepping in-process. Raises ``RuntimeError`` when an agent's chunk and
+    the environment disagree about where a turn ends (token-in/token-out would be broken).
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -125,6 +134,7 @@ def collect_rollouts(
     _check_ids(examples)
     episodes = [ex for ex in examples for _ in range(group_size)]
     timings = RolloutTimings()
+    worker_busy = env.busy_s if isinstance(env, EnvWorker) else 0.0
     trajectories: list[Trajectory] = []
     logprobs: list[list[float]] | None = []
     for start in range(0, len(episodes), env.num_envs):
@@ -132,8 +142,11 @@ def collect_rollouts(
         wave_trajs, wave_logprobs = _run_wave(agent, env, wave, timings)
         trajectories += wave_trajs
         logprobs = None if logprobs is None or wave_logprobs is None else logprobs + wave_logprobs
-    timings.search_s = _search_time(trajectories)
-    timings.env_s -= timings.search_s
+    if isinstance(env, EnvWorker):
+        timings.worker_s = env.busy_s - worker_busy
+    else:
+        timings.search_s = _search_time(trajectories)
+        timings.env_s -= timings.search_s
     timings.total_s = time.perf_counter() - started
     return Rollout(trajectories, [ex.id for ex in episodes], timings, logprobs)
 
@@ -147,7 +160,7 @@ def _check_ids(examples: list[QAExample]) -> None:
 
 
 def _run_wave(
-    agent: RolloutAgent, env: BatchSearchQAEnv, wave: list[QAExample], timings: RolloutTimings
+    agent: RolloutAgent, env: BatchSearchQAEnv | EnvWorker, wave: list[QAExample], timings: RolloutTimings
 ) -> tuple[list[Trajectory], list[list[float]] | None]:
     """Run one episode per example of ``wave`` (at most ``env.num_envs``) to its end, turn by turn."""
     first = env.envs[0]
@@ -163,24 +176,19 @@ def _run_wave(
     generated = [0] * m
     trajectories: list[Trajectory | None] = [None] * m
     alive = list(range(m))
+    streaming = isinstance(env, EnvWorker) and getattr(agent, "streams_chunks", False)
     while alive:
         budgets = [min(first.max_new_tokens - generated[r], first.max_context - len(sequences[r])) for r in alive]
-        tick = time.perf_counter()
-        chunks = agent.generate(alive, budgets)
-        tock = time.perf_counter()
-        timings.generation_s += tock - tick
-        actions: list[list[int] | None] = [None] * n_envs
-        for r, budget, chunk in zip(alive, budgets, chunks):
-            if not 1 <= len(chunk.ids) <= budget:
-                raise RuntimeError(f"the agent returned {len(chunk.ids)} ids for row {r}, whose budget is {budget} (at least 1)")
-            actions[r] = chunk.ids
-        obs, _, terminated, truncated, infos = env.step(actions)
-        timings.env_s += time.perf_counter() - tock
+        if streaming:
+            chunks, results = _turn_streamed(agent, env, alive, budgets, timings)  # type: ignore[arg-type]
+        else:
+            chunks, results = _turn(agent, env, alive, budgets, timings)
         still, ended_rows = [], []
         for r, chunk in zip(alive, chunks):
-            ended = bool(terminated[r] or truncated[r])
-            env_ids = _environment_tokens(r, chunk.ids, obs[r], infos[r]["consumed"], ended)
-            kept = infos[r]["consumed"]
+            obs, _, terminated, truncated, info = results[r]
+            ended = bool(terminated or truncated)
+            env_ids = _environment_tokens(r, chunk.ids, obs, info["consumed"], ended)
+            kept = info["consumed"]
             sequences[r] += chunk.ids[:kept] + env_ids
             generated[r] += kept
             if logprobs is not None and chunk.logprobs is not None:
@@ -188,7 +196,7 @@ def _run_wave(
             else:
                 logprobs = None
             if ended:
-                trajectories[r] = infos[r]["trajectory"]
+                trajectories[r] = info["trajectory"]
                 ended_rows.append(r)
             else:
                 still.append((r, env_ids))
@@ -203,6 +211,60 @@ def _run_wave(
         if traj.token_ids != sequences[r]:
             raise RuntimeError(f"episode {r}: the trajectory's ids differ from the ids the agent and the environment exchanged")
     return trajectories, logprobs
+
+
+def _check_chunk(row: int, chunk: Chunk, budget: int) -> None:
+    if not 1 <= len(chunk.ids) <= budget:
+        raise RuntimeError(f"the agent returned {len(chunk.ids)} ids for row {row}, whose budget is {budget} (at least 1)")
+
+
+def _turn(agent: RolloutAgent, env: BatchSearchQAEnv | EnvWorker, alive: list[int], budgets: list[int],
+          timings: RolloutTimings) -> tuple[list[Chunk], dict[int, StepResult]]:
+    """One turn: the agent writes every running row's chunk, then the environment steps them all."""
+    tick = time.perf_counter()
+    chunks = agent.generate(alive, budgets)
+    tock = time.perf_counter()
+    timings.generation_s += tock - tick
+    actions: list[list[int] | None] = [None] * env.num_envs
+    for r, budget, chunk in zip(alive, budgets, chunks):
+        _check_chunk(r, chunk, budget)
+        actions[r] = chunk.ids
+    obs, rewards, terminated, truncated, infos = env.step(actions)
+    timings.env_s += time.perf_counter() - tock
+    return chunks, {r: (obs[r], float(rewards[r]), bool(terminated[r]), bool(truncated[r]), infos[r]) for r in alive}
+
+
+def _turn_streamed(agent: StreamingRolloutAgent, worker: EnvWorker, alive: list[int], budgets: list[int],
+                   timings: RolloutTimings) -> tuple[list[Chunk], dict[int, StepResult]]:
+    """One turn with the environment in a worker: each row's chunk is submitted as the row stops, so the
+    worker steps it while the agent decodes the rest; then the rollout waits for the last results."""
+    budget_of = dict(zip(alive, budgets))
+    handed: dict[int, Chunk] = {}
+    handing = 0.0
+
+    def hand_over(stopped: dict[int, Chunk]) -> None:
+        nonlocal handing
+        tick = time.perf_counter()
+        for r, chunk in stopped.items():
+            if r not in budget_of or r in handed:
+                raise RuntimeError(f"the agent reported a chunk for row {r}, which is not running or was reported already")
+            _check_chunk(r, chunk, budget_of[r])
+            handed[r] = chunk
+        worker.submit({r: chunk.ids for r, chunk in stopped.items()})
+        handing += time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    chunks = agent.generate(alive, budgets, on_chunks=hand_over)
+    tock = time.perf_counter()
+    results = worker.collect()
+    timings.generation_s += tock - tick - handing
+    timings.env_s += handing + time.perf_counter() - tock
+    for r, chunk in zip(alive, chunks):
+        if r not in handed or handed[r].ids != chunk.ids:
+            raise RuntimeError(f"row {r}: the chunk the agent returned is not the one it reported as the row stopped")
+    if set(results) != set(alive):
+        raise RuntimeError(f"the worker stepped rows {sorted(results)}, not the running rows {sorted(alive)}")
+    return chunks, results
 
 
 def _environment_tokens(row: int, chunk: list[int], obs: dict, consumed: int, ended: bool) -> list[int]:

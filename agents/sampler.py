@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -243,7 +243,11 @@ class HFSampler:
         self._kv = _KVBatch(_cache(self.model.config), empty, empty.clone(),
                             torch.arange(n, device=self.device), torch.zeros(n, dtype=torch.long, device=self.device))
 
-    def generate(self, rows: Sequence[int], budgets: Sequence[int]) -> list[Chunk]:
+    #: :meth:`generate` takes ``on_chunks`` (see :class:`~agents.interface.StreamingRolloutAgent`).
+    streams_chunks = True
+
+    def generate(self, rows: Sequence[int], budgets: Sequence[int], *,
+                 on_chunks: Callable[[dict[int, Chunk]], None] | None = None) -> list[Chunk]:
         if not rows:
             return []
         if min(budgets) < 1:
@@ -253,7 +257,7 @@ class HFSampler:
         with torch.inference_mode():
             kv = self._take(list(rows))
             kv, logits = self._feed_pending(kv)
-            kv, parts, chunks = self._decode(kv, logits, dict(zip(rows, budgets)))
+            kv, parts, chunks = self._decode(kv, logits, dict(zip(rows, budgets)), on_chunks)
             self._kv = _join([kv, *parts], self.model.config, self._pad)
         tb, keep = self.codec.token_bytes, self._scanner.lookback
         for row, chunk in chunks.items():
@@ -367,9 +371,11 @@ class HFSampler:
             ids = (ids if order is None else order.gather(-1, ids)).squeeze(-1)
         return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
 
-    def _decode(self, kv: _KVBatch, logits: torch.Tensor, budgets: dict[int, int]) -> tuple[_KVBatch, list[_KVBatch], dict[int, Chunk]]:
+    def _decode(self, kv: _KVBatch, logits: torch.Tensor, budgets: dict[int, int],
+                on_chunks: Callable[[dict[int, Chunk]], None] | None = None) -> tuple[_KVBatch, list[_KVBatch], dict[int, Chunk]]:
         """Sample every row of ``kv`` until it stops; returns the final batch, the parts set aside on the
-        way, and each episode row's chunk."""
+        way, and each episode row's chunk. ``on_chunks`` gets the chunks of the rows that stopped at each
+        decoding step, as they stop."""
         n, rows = len(kv), kv.rows.tolist()
         budget = torch.tensor([budgets[r] for r in rows], device=self.device)
         ids_buf = torch.empty((n, int(budget.max())), dtype=torch.long, device=self.device)
@@ -389,8 +395,12 @@ class HFSampler:
                 for k in maybe.nonzero().squeeze(1).tolist():
                     slot = int(slots[k])
                     stop[k] = self._completes(rows[slot], ids_buf[slot, max(0, step - self._scanner.lookback) : step + 1].tolist())
-                for k in stop.nonzero().squeeze(1).tolist():
-                    lengths[int(slots[k])] = step + 1
+                stopped = [int(slots[k]) for k in stop.nonzero().squeeze(1).tolist()]
+                for slot in stopped:
+                    lengths[slot] = step + 1
+                if on_chunks is not None and stopped:
+                    on_chunks({rows[slot]: Chunk(ids_buf[slot, : step + 1].tolist(), logp_buf[slot, : step + 1].tolist())
+                               for slot in stopped})
                 working &= ~stop
                 active = int(working.sum())
                 if active == 0:

@@ -58,6 +58,7 @@ from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
 from search_env.trajectory import Trajectory
+from search_env.worker import EnvWorker
 
 __all__ = ["Trainer", "TrainResult", "QuestionOrder"]
 
@@ -164,6 +165,7 @@ class Trainer:
         self.checkpoint_path = self.output_dir / CHECKPOINT_FILE
         self._stop_requested = False
         self._resumed = False
+        self._worker: EnvWorker | None = None
         if config.resume:
             self.load(self.checkpoint_path)
 
@@ -206,12 +208,28 @@ class Trainer:
                                logger.tensorboard_dir, checkpoint_path)
         finally:
             logger.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the environment worker (``config.env_worker``), if one runs; a later step starts another."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def rollout_env(self) -> BatchSearchQAEnv | EnvWorker:
+        """What training rollouts step: ``env`` itself, or with ``config.env_worker`` a worker process
+        serving it (:class:`~search_env.worker.EnvWorker`), forked at the first rollout."""
+        if not self.config.env_worker:
+            return self.env
+        if self._worker is None:
+            self._worker = EnvWorker(self.env)
+        return self._worker
 
     def train_step(self) -> dict[str, float]:
         """One rollout and update; returns the step's metrics and advances ``self.step``."""
         cfg = self.config
         started = time.perf_counter()
-        self.env.set_reward_step(self.step)
+        self.rollout_env().set_reward_step(self.step)
         trajectories, batch, timings, rounds = self._rollout_batch()
         batch = batch.select(_by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
@@ -234,6 +252,7 @@ class Trainer:
             "time/generation": timings.generation_s,
             "time/env": timings.env_s,
             "time/search": timings.search_s,
+            "time/env_worker": timings.worker_s,
             "time/rollout": timings.total_s,
             "time/update": now - update_started,
             "time/step": now - started,
@@ -257,7 +276,7 @@ class Trainer:
         for round_ in range(self.algorithm.rollout_rounds):
             # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
             seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
-            rollout = collect_rollouts(self.agent_factory(False, seed), self.env, self.order.take(wanted),
+            rollout = collect_rollouts(self.agent_factory(False, seed), self.rollout_env(), self.order.take(wanted),
                                        group_size=cfg.group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)

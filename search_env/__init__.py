@@ -11,10 +11,11 @@ from search_env.protocols import SEED_PROTOCOLS, Protocol, available_protocols, 
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
 from search_env.vector import BatchSearchQAEnv
+from search_env.worker import EnvWorker
 from search_env.wrappers import FixedWindowObservation, FullContextObservation
 
 __all__ = [
-    "SearchQAEnv", "BatchSearchQAEnv", "Protocol", "register_protocol", "get_protocol", "available_protocols", "SEED_PROTOCOLS",
+    "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "Protocol", "register_protocol", "get_protocol", "available_protocols", "SEED_PROTOCOLS",
     "Passage", "Source", "SourceError", "Trajectory", "AGENT", "ENVIRONMENT",
     "QAExample", "load_dataset", "FixedWindowObservation", "FullContextObservation",
 ]

@@ -122,14 +122,34 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, algo):
                            resumed.policy.model.get_input_embeddings().weight)
 
 
-def test_scheduled_reward_follows_the_step(tmp_path):
+@pytest.mark.parametrize("env_worker", [False, True], ids=["in-process", "env-worker"])
+def test_scheduled_reward_follows_the_step(tmp_path, env_worker):
     # Stage 0 scores with search-r1 (no "format" component), stage 1 from step 1 with search-r1-format.
-    config = small_config("grpo", tmp_path, steps=2, eval_questions=0,
+    # With env_worker the episodes are scored in the worker process, which must follow the step too.
+    config = small_config("grpo", tmp_path, steps=2, eval_questions=0, env_worker=env_worker,
                           reward_stages=[[0, "search-r1"], [1, "search-r1-format"]])
     trainer, result = run(config)
     steps = [r for r in records(result.metrics_path) if "stage" not in r]
     assert [r["reward/stage"] for r in steps] == [0.0, 1.0]
-    assert trainer.env.envs[0].trajectory.reward_components["stage_reward"] == "search-r1-format"
+    if env_worker:
+        assert trainer._worker is None  # train() stopped it
+        assert all(r["time/env_worker"] > 0 and r["time/search"] == 0 for r in steps)
+    else:
+        assert trainer.env.envs[0].trajectory.reward_components["stage_reward"] == "search-r1-format"
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_stepping_the_env_in_a_worker_trains_bit_identically(tmp_path, algo):
+    """The worker steps the same episodes: the run's weights and logged rewards equal the in-process run's."""
+    finals, rewards = [], []
+    for env_worker in (False, True):
+        config = small_config(algo, tmp_path / str(env_worker), steps=3, eval_questions=0, env_worker=env_worker)
+        trainer, result = run(config)
+        finals.append(trainer.policy.state_dict())
+        rewards.append([(r["reward"], r["searches"], r["response_tokens"]) for r in records(result.metrics_path)])
+    assert rewards[0] == rewards[1]
+    for key, value in finals[0].items():
+        assert torch.equal(value, finals[1][key]), key
 
 
 def test_warm_start_runs_before_rl_and_becomes_the_reference(tmp_path):

@@ -1,0 +1,223 @@
+"""A :class:`~search_env.BatchSearchQAEnv` stepped in a worker process, so that stepping overlaps generation.
+
+A rollout generates for a batch of episodes in lockstep, and episodes end their chunks at different
+decoding steps. In one process the environment can only step them after the whole batch has stopped,
+so its work (scanning tags, searching, encoding results, scoring) adds to the rollout's time. An
+:class:`EnvWorker` moves the episodes into a forked process: the rollout hands over each row's chunk as
+soon as the row stops (:meth:`EnvWorker.submit`, which does not wait) and goes on decoding the others
+while the worker steps it on another core, then gathers every result once the batch has stopped
+(:meth:`EnvWorker.collect`). Only the time spent handing chunks over and waiting for the last results
+remains on the rollout's side.
+
+The worker is forked from the caller (the ``fork`` start method, so Linux), after the environment was
+built: it shares the dataset and the search indexes copy-on-write and pickles nothing large (thread pools
+of sources are restarted in it: :mod:`search_env._fork`; sources that run a PyTorch model are refused). The
+caller's own :class:`BatchSearchQAEnv` stays usable for settings (``envs[0].protocol``, ``codec``,
+``examples``, budgets) and for episodes of its own, which are independent of the worker's. Results are
+exactly those of stepping the environment in the caller: the worker runs the same ``step``.
+"""
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from search_env.vector import BatchSearchQAEnv
+
+__all__ = ["EnvWorker", "StepResult"]
+
+#: One row's step, as :meth:`SearchQAEnv.step` returns it: observation, reward, terminated, truncated, info.
+StepResult = tuple[dict, float, bool, bool, dict]
+
+
+class EnvWorker:
+    """``env``'s episodes, stepped in a forked worker process (see the module docstring).
+
+    Args:
+        env: the batch environment to serve; the worker gets a copy of it as it stands.
+
+    Raises:
+        RuntimeError: the platform cannot fork (the worker needs the ``fork`` start method).
+        ValueError: a source cannot search from a forked process (:attr:`Source.fork_safe`: dense
+            retrieval runs a PyTorch model); serve it with the retrieval server instead
+            (:class:`~search_env.sources.remote.RemoteSource` is fork-safe).
+
+    Use it as a context manager, or call :meth:`close`. ``reset`` and ``set_reward_step`` wait for the
+    worker; ``submit`` queues a step and returns at once; ``collect`` waits for every queued step. An
+    error inside the worker (a bad action, a finished episode) is raised again by the call that
+    receives its reply, with the worker's message.
+    """
+
+    def __init__(self, env: BatchSearchQAEnv) -> None:
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise RuntimeError("EnvWorker needs the 'fork' start method (Linux); step the BatchSearchQAEnv in-process instead")
+        unsafe = sorted(name for name, source in env.envs[0].sources.items() if not source.fork_safe)
+        if unsafe:
+            raise ValueError(f"sources {unsafe} cannot search from a forked worker (they run a PyTorch model in-process): "
+                             "serve them with the retrieval server (RemoteSource), or step the environment in-process")
+        self.env = env
+        self.envs = env.envs
+        self.num_envs = env.num_envs
+        # A forked child inherits the tokenizer library's thread pool in an unusable state; it would
+        # warn and turn parallelism off on first use, so turn it off for the child from the start.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # Objects that live as long as the program (the world, its indexes) move out of the collector's
+        # reach, so that neither process walks them, and the child's collections do not copy their pages.
+        gc.collect()
+        gc.freeze()
+        parent, child = multiprocessing.get_context("fork").Pipe()
+        self._process = multiprocessing.get_context("fork").Process(
+            target=_serve, args=(env, child), name="searchqa-env-worker", daemon=True
+        )
+        self._process.start()
+        child.close()
+        self._conn: Connection | None = parent
+        self._queued = 0  # steps submitted whose replies were not received yet
+        self._results: dict[int, StepResult] = {}
+        self.busy_s = 0.0  #: the worker's time inside ``step`` for the steps collected so far
+
+    # ---------------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: Sequence[dict | None] | dict | None = None):
+        """Reset every episode, as :meth:`BatchSearchQAEnv.reset` does; waits for the worker."""
+        self._check_idle("reset")
+        return self._call("reset", (seed, options))
+
+    def submit(self, actions: Mapping[int, Sequence[int]]) -> None:
+        """Queue a step of the episodes in ``actions`` (row -> token ids); the others are left alone.
+        Returns without waiting; replies that have already arrived are taken in on the way."""
+        conn = self._connection()
+        conn.send(("step", {int(row): list(ids) for row, ids in actions.items()}))
+        self._queued += 1
+        while self._queued and conn.poll():  # keep the pipe drained, so the worker never blocks on a reply
+            self._receive_step()
+
+    def collect(self) -> dict[int, StepResult]:
+        """Wait for every queued step and return the rows' results (row -> observation, reward,
+        terminated, truncated, info), each row as its last queued step left it."""
+        while self._queued:
+            self._receive_step()
+        results, self._results = self._results, {}
+        return results
+
+    def step(self, actions: Sequence[Sequence[int] | None]):
+        """Step as :meth:`BatchSearchQAEnv.step` does (``None``: leave the episode alone), waiting for the
+        result: lists of observations and infos, and arrays of rewards, terminated and truncated flags."""
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        self.submit({row: ids for row, ids in enumerate(actions) if ids is not None})
+        results = self.collect()
+        empty: StepResult = ({"token_ids": (), "producers": ()}, 0.0, False, False, {})
+        rows = [results.get(row, empty) for row in range(self.num_envs)]
+        return ([r[0] for r in rows], np.array([r[1] for r in rows], dtype=np.float64), np.array([r[2] for r in rows]),
+                np.array([r[3] for r in rows]), [r[4] for r in rows])
+
+    def set_reward_step(self, step: int) -> None:
+        """Score the episodes that end from now on at training step ``step`` (in the worker and here)."""
+        self._check_idle("set_reward_step")
+        self.env.set_reward_step(step)  # checks the value, and keeps the caller's copy in step
+        self._call("reward_step", step)
+
+    def close(self) -> None:
+        """Stop the worker (idempotent)."""
+        if self._conn is None:
+            return
+        try:
+            self._conn.send(("close", None))
+        except (BrokenPipeError, OSError):
+            pass
+        self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join()
+        self._conn.close()
+        self._conn = None
+
+    def __enter__(self) -> EnvWorker:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    # ---------------------------------------------------------------------------------------------
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            raise RuntimeError("the EnvWorker is closed")
+        return self._conn
+
+    def _check_idle(self, what: str) -> None:
+        if self._queued or self._results:
+            raise RuntimeError(f"{what}() while submitted steps are not collected: call collect() first")
+
+    def _call(self, command: str, argument: Any) -> Any:
+        conn = self._connection()
+        conn.send((command, argument))
+        return _unwrap(self._recv(conn))
+
+    def _receive_step(self) -> None:
+        self._queued -= 1
+        results, busy = _unwrap(self._recv(self._connection()))
+        self._results.update(results)
+        self.busy_s += busy
+
+    def _recv(self, conn: Connection) -> tuple[str, Any]:
+        try:
+            return conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the environment worker died (exit code {self._process.exitcode})") from None
+
+
+def _unwrap(reply: tuple[str, Any]) -> Any:
+    status, value = reply
+    if status == "error":
+        raise value
+    return value
+
+
+def _serve(env: BatchSearchQAEnv, conn: Connection) -> None:
+    """The worker's loop: answer each command with ("ok", value) or ("error", exception)."""
+    # Ctrl-C reaches the whole process group; the caller decides when the worker stops (a trainer
+    # finishes its step first), so the worker must not die of it mid-rollout.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    n = env.num_envs
+    while True:
+        try:
+            command, argument = conn.recv()
+        except EOFError:  # the caller is gone
+            return
+        try:
+            if command == "close":
+                return
+            if command == "step":
+                started = time.perf_counter()
+                actions: list[Any] = [None] * n
+                for row, ids in argument.items():
+                    actions[row] = ids
+                obs, rewards, terminated, truncated, infos = env.step(actions)
+                value: Any = ({row: (obs[row], float(rewards[row]), bool(terminated[row]), bool(truncated[row]), infos[row])
+                               for row in argument}, time.perf_counter() - started)
+            elif command == "reset":
+                seed, options = argument
+                value = env.reset(seed=seed, options=options)
+            elif command == "reward_step":
+                value = env.set_reward_step(argument)
+            else:
+                raise ValueError(f"unknown command {command!r}")
+            reply: tuple[str, Any] = ("ok", value)
+        except Exception as exc:  # noqa: BLE001 - the caller raises it
+            reply = ("error", exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # noqa: BLE001 - an exception or value that does not pickle
+            conn.send(("error", RuntimeError(f"the environment worker could not send its reply: {exc!r}")))
