@@ -268,8 +268,10 @@ def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only
     args = ["--runs", "1", "--sft-examples", "4", "--sft-copy-steps", "2", "--policy-cache", cache]
     first = main(args + ["--sft-steps", "1"])
     again = main(args + ["--sft-steps", "1"])  # loads the cached policy: the same seeded rollout follows
-    assert again["runs"][0]["agent_tokens_mean"] == first["runs"][0]["agent_tokens_mean"]
-    assert again["runs"][0]["reward_mean"] == first["runs"][0]["reward_mean"]
+    for mode in ("in-process", "worker"):
+        assert again["runs"][mode][0]["agent_tokens_mean"] == first["runs"][mode][0]["agent_tokens_mean"]
+        assert again["runs"][mode][0]["reward_mean"] == first["runs"][mode][0]["reward_mean"]
+    assert first["runs"]["worker"][0]["worker_busy"] > 0 and first["runs"]["worker"][0]["time_search"] == 0
     with pytest.raises(SystemExit) as exit_info:
         main(args + ["--sft-steps", "2"])
     assert exit_info.value.code == 2 and "made with other settings" in capsys.readouterr().err
