@@ -221,6 +221,12 @@ class SearchQAEnv(gym.Env):
         self._done = False
         self._terminated = self._truncated = False
         self._episode = self._request = None
+        return self.first_observation(example)
+
+    def first_observation(self, example: QAExample) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What :meth:`reset` returns for ``example`` (the prompt's ids and the info), without starting an
+        episode: an :class:`~search_env.worker.EnvWorker` answers a reset with it while its worker resets."""
+        prompt_ids = self._prompt(example.question)[0]
         obs = {"token_ids": prompt_ids, "producers": (ENVIRONMENT,) * len(prompt_ids)}
         return obs, {"question": example.question, "example_id": example.id, "prompt_length": len(prompt_ids)}
 

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Mapping, Sequence
 
@@ -49,9 +50,9 @@ class EnvWorker:
             (:class:`~search_env.sources.remote.RemoteSource` is fork-safe).
 
     Use it as a context manager, or call :meth:`close`. ``reset`` and ``set_reward_step`` wait for the
-    worker; ``submit`` queues a step and returns at once; ``collect`` waits for every queued step. An
-    error inside the worker (a bad action, a finished episode) is raised again by the call that
-    receives its reply, with the worker's message.
+    worker (a reset of given questions does not: see :meth:`reset`); ``submit`` queues a step and returns
+    at once; ``collect`` waits for every queued step. An error inside the worker (a bad action, a
+    finished episode) is raised again by the call that receives its reply, with the worker's message.
     """
 
     def __init__(self, env: BatchSearchQAEnv) -> None:
@@ -78,30 +79,44 @@ class EnvWorker:
         self._process.start()
         child.close()
         self._conn: Connection | None = parent
-        self._queued = 0  # steps submitted whose replies were not received yet
+        # The replies not received yet, in order: None for a step, a reset's prompts for a reset to check.
+        self._expected: deque[list | None] = deque()
         self._results: dict[int, StepResult] = {}
         self.busy_s = 0.0  #: the worker's time inside ``step`` for the steps collected so far
 
     # ---------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: Sequence[dict | None] | dict | None = None):
-        """Reset every episode, as :meth:`BatchSearchQAEnv.reset` does; waits for the worker."""
+        """Reset every episode, as :meth:`BatchSearchQAEnv.reset` does.
+
+        When every episode's question is given (``{"example": ...}`` or ``{"index": ...}``, no seed), the
+        prompts are known here: the observations are built from this side's copy of the environment
+        (:meth:`SearchQAEnv.first_observation`) and returned without waiting, while the worker resets;
+        its own observations are checked against them when its reply arrives (a difference raises
+        ``RuntimeError``). Otherwise this waits for the worker."""
         self._check_idle("reset")
-        return self._call("reset", (seed, options))
+        per_env = options if isinstance(options, (list, tuple)) else [options] * self.num_envs
+        if seed is not None or len(per_env) != self.num_envs or not all(o and ("example" in o or "index" in o) for o in per_env):
+            self._drain()
+            return self._call("reset", (seed, options))
+        examples = [o["example"] if "example" in o else env.examples[int(o["index"])] for o, env in zip(per_env, self.envs)]
+        firsts = [env.first_observation(example) for env, example in zip(self.envs, examples)]
+        self._connection().send(("reset", (None, [{"example": example} for example in examples])))
+        self._expected.append([obs["token_ids"] for obs, _ in firsts])
+        return [obs for obs, _ in firsts], [info for _, info in firsts]
 
     def submit(self, actions: Mapping[int, Sequence[int]]) -> None:
         """Queue a step of the episodes in ``actions`` (row -> token ids); the others are left alone.
         Returns without waiting; replies that have already arrived are taken in on the way."""
         conn = self._connection()
         conn.send(("step", {int(row): list(ids) for row, ids in actions.items()}))
-        self._queued += 1
-        while self._queued and conn.poll():  # keep the pipe drained, so the worker never blocks on a reply
-            self._receive_step()
+        self._expected.append(None)
+        while self._expected and conn.poll():  # keep the pipe drained, so the worker never blocks on a reply
+            self._receive()
 
     def collect(self) -> dict[int, StepResult]:
         """Wait for every queued step and return the rows' results (row -> observation, reward,
         terminated, truncated, info), each row as its last queued step left it."""
-        while self._queued:
-            self._receive_step()
+        self._drain()
         results, self._results = self._results, {}
         return results
 
@@ -157,19 +172,30 @@ class EnvWorker:
         return self._conn
 
     def _check_idle(self, what: str) -> None:
-        if self._queued or self._results:
+        if any(expected is None for expected in self._expected) or self._results:
             raise RuntimeError(f"{what}() while submitted steps are not collected: call collect() first")
 
     def _call(self, command: str, argument: Any) -> Any:
+        self._drain()
         conn = self._connection()
         conn.send((command, argument))
         return _unwrap(self._recv(conn))
 
-    def _receive_step(self) -> None:
-        self._queued -= 1
-        results, busy = _unwrap(self._recv(self._connection()))
-        self._results.update(results)
-        self.busy_s += busy
+    def _drain(self) -> None:
+        """Receive every reply still expected."""
+        while self._expected:
+            self._receive()
+
+    def _receive(self) -> None:
+        """Take in the next reply: a step's results, or the check of a reset answered ahead of it."""
+        expected = self._expected.popleft()
+        value = _unwrap(self._recv(self._connection()))
+        if expected is None:
+            results, busy = value
+            self._results.update(results)
+            self.busy_s += busy
+        elif [obs["token_ids"] for obs in value[0]] != expected:
+            raise RuntimeError("the worker's reset gave other prompts than this side's copy of the environment")
 
     def _recv(self, conn: Connection) -> tuple[str, Any]:
         try:

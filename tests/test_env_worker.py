@@ -143,3 +143,20 @@ def test_a_source_that_cannot_search_from_a_fork_is_refused_up_front(codec):
     with pytest.raises(ValueError, match=r"\['dense'\] cannot search from a forked worker"):
         EnvWorker(env)
     assert DenseSource.fork_safe.fget(None) is False  # the real dense source says so
+
+
+def test_a_reset_of_given_questions_is_answered_here_and_checked_when_the_worker_replies(codec):
+    env = BatchSearchQAEnv(2, protocol="search-r1", tokenizer=codec, world_size=20)
+    with EnvWorker(env) as worker:
+        obs, infos = worker.reset(options=[{"index": 0}, {"example": env.envs[0].examples[1]}])
+        assert len(worker._expected) == 1  # answered before the worker's reply was read
+        here, here_infos = env.reset(options=[{"index": 0}, {"index": 1}])
+        assert obs == here and infos == here_infos
+        # A seeded reset (questions drawn at random) waits for the worker, and draws as the environment does.
+        assert worker.reset(seed=3) == env.reset(seed=3)
+        # This side's copy disagreeing with the worker is caught when the worker's reply arrives.
+        question = env.envs[0].examples[2].question
+        env.envs[0]._prompts[question] = ((1, 2, 3), b"abc", (1, 2, 3))
+        assert worker.reset(options=[{"index": 2}, {"index": 1}])[0][0]["token_ids"] == (1, 2, 3)
+        with pytest.raises(RuntimeError, match="other prompts"):
+            worker.collect()
