@@ -65,9 +65,6 @@ class EnvWorker:
         self.env = env
         self.envs = env.envs
         self.num_envs = env.num_envs
-        # A forked child inherits the tokenizer library's thread pool in an unusable state; it would
-        # warn and turn parallelism off on first use, so turn it off for the child from the start.
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # Objects that live as long as the program (the world, its indexes) move out of the collector's
         # reach, so that neither process walks them, and the child's collections do not copy their pages.
         gc.collect()
@@ -82,6 +79,7 @@ class EnvWorker:
         # The replies not received yet, in order: None for a step, a reset's prompts for a reset to check.
         self._expected: deque[list | None] = deque()
         self._results: dict[int, StepResult] = {}
+        self._flags = (np.zeros(self.num_envs, dtype=bool), np.zeros(self.num_envs, dtype=bool))  # terminated, truncated
         self.busy_s = 0.0  #: the worker's time inside ``step`` for the steps collected so far
 
     # ---------------------------------------------------------------------------------------------
@@ -96,7 +94,6 @@ class EnvWorker:
         self._check_idle("reset")
         per_env = options if isinstance(options, (list, tuple)) else [options] * self.num_envs
         if seed is not None or len(per_env) != self.num_envs or not all(o and ("example" in o or "index" in o) for o in per_env):
-            self._drain()
             return self._call("reset", (seed, options))
         examples = [o["example"] if "example" in o else env.examples[int(o["index"])] for o, env in zip(per_env, self.envs)]
         firsts = [env.first_observation(example) for env, example in zip(self.envs, examples)]
@@ -127,10 +124,13 @@ class EnvWorker:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         self.submit({row: ids for row, ids in enumerate(actions) if ids is not None})
         results = self.collect()
-        empty: StepResult = ({"token_ids": (), "producers": ()}, 0.0, False, False, {})
-        rows = [results.get(row, empty) for row in range(self.num_envs)]
-        return ([r[0] for r in rows], np.array([r[1] for r in rows], dtype=np.float64), np.array([r[2] for r in rows]),
-                np.array([r[3] for r in rows]), [r[4] for r in rows])
+        terminated, truncated = self._flags[0].copy(), self._flags[1].copy()  # a row not stepped: its flags as they stand
+        observations: list[dict] = [{"token_ids": (), "producers": ()} for _ in range(self.num_envs)]
+        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        for row, (obs, reward, term, trunc, info) in results.items():
+            observations[row], rewards[row], terminated[row], truncated[row], infos[row] = obs, reward, term, trunc, info
+        return observations, rewards, terminated, truncated, infos
 
     def set_reward_step(self, step: int) -> None:
         """Score the episodes that end from now on at training step ``step`` (in the worker and here)."""
@@ -191,7 +191,7 @@ class EnvWorker:
         expected = self._expected.popleft()
         value = _unwrap(self._recv(self._connection()))
         if expected is None:
-            results, busy = value
+            results, self._flags, busy = value
             self._results.update(results)
             self.busy_s += busy
         elif [obs["token_ids"] for obs in value[0]] != expected:
@@ -216,6 +216,8 @@ def _serve(env: BatchSearchQAEnv, conn: Connection) -> None:
     # Ctrl-C reaches the whole process group; the caller decides when the worker stops (a trainer
     # finishes its step first), so the worker must not die of it mid-rollout.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The tokenizer library's threads were not copied either: it must not try to use them here.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     n = env.num_envs
     while True:
         try:
@@ -232,7 +234,7 @@ def _serve(env: BatchSearchQAEnv, conn: Connection) -> None:
                     actions[row] = ids
                 obs, rewards, terminated, truncated, infos = env.step(actions)
                 value: Any = ({row: (obs[row], float(rewards[row]), bool(terminated[row]), bool(truncated[row]), infos[row])
-                               for row in argument}, time.perf_counter() - started)
+                               for row in argument}, (terminated, truncated), time.perf_counter() - started)
             elif command == "reset":
                 seed, options = argument
                 value = env.reset(seed=seed, options=options)

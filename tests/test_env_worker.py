@@ -94,6 +94,8 @@ def test_worker_errors_come_back_with_their_message_and_a_closed_worker_refuses_
     eos = min(codec.eos_ids)
     _, _, terminated, _, infos = worker.step([[eos], None])
     assert terminated.tolist() == [True, False] and infos[0]["end_reason"] == "eos" and infos[1] == {}
+    obs, _, terminated, _, _ = worker.step([None, codec.encode(" thinking")])
+    assert terminated.tolist() == [True, False] and obs[0]["token_ids"] == ()  # a row not stepped keeps its flags
     worker.submit({0: [eos]})  # episode 0 has ended: the worker refuses, and collect raises it
     with pytest.raises(RuntimeError, match="episode 0 has ended"):
         worker.collect()
