@@ -75,8 +75,10 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     plateaued at 0.86-0.87 from step 20 to 260, while seeds 0/1 lost 1-hop after SFT, 0.96/0.95, and seed 1
     reached 0.68): the failures left are names and numbers copied wrongly (a bridge entity's second token in
     the next query, a year's digits in the answer), which more RL steps, 4x refilled dynamic sampling and
-    copy warm-up strings of varied length did not remove; 96-wide layers reached 0.89 once, but their warm
-    start leaves too little of the ten minutes. The 0.9 target is not reached: see the closing notes of
+    copy warm-up strings of varied length did not remove, nor (2026-11-25, 120 steps from seed 0's warm
+    start) sampling at temperature 1.0 or a 2e-4 rate (0.84 both); RL on another world's names from the same
+    warm start plateaued alike (0.77-0.83), so the plateau is not the warm start's memorised names; 96-wide
+    layers reached 0.89 once, but their warm start leaves too little of the ten minutes. The 0.9 target is not reached: see the closing notes of
     issue 8 for the per-seed table. Rollouts step the environment in a worker process (``env_worker``), which
     changes their timing, not their episodes (``benchmarks/rollout_overhead.py`` checks that).
     """
