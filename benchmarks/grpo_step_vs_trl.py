@@ -98,14 +98,15 @@ def build_ours(args: argparse.Namespace, output_dir: str) -> Trainer:
     """Our trainer for ``args.task`` with the benchmark's shared settings; no evaluation, logs or
     checkpoints inside a step. ``demo``: the learning benchmark's task (its compact Search-R1 dialect,
     large chain-question world and model shape, :func:`benchmarks.learning.demo_config`); ``search-r1``:
-    Search-R1's own prompt over the default synthetic world, with the trainer's default model shape."""
+    Search-R1's own prompt over the default synthetic world, with the trainer's default model shape. The
+    environment steps in-process on both sides (``env_worker`` off), as TRL's ``rollout_func`` steps it."""
     shared = dict(
         seed=args.seed, steps=args.warmup + args.steps, questions_per_step=args.prompts, group_size=args.group,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, learning_rate=args.lr,
         micro_batch_size=args.micro_batch, update_epochs=1, mini_batch_size=0, kl_coef=args.kl_coef,
         kl_estimator="k3", entropy_coef=0.0, loss_agg_mode="token-mean", scale_rewards=True, clip_low=0.2,
         clip_high=0.2, max_grad_norm=1.0, weight_decay=0.0, sft_steps=args.sft_steps, eval_every=0,
-        save_every=0, tensorboard=False, progress=False, output_dir=output_dir, num_threads=1,
+        save_every=0, tensorboard=False, progress=False, output_dir=output_dir, num_threads=1, env_worker=False,
     )
     if args.task == "demo":
         from benchmarks.learning import build, demo_config
