@@ -78,9 +78,10 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     copy warm-up strings of varied length did not remove, nor (2026-11-25, 120 steps from seed 0's warm
     start) sampling at temperature 1.0 or a 2e-4 rate (0.84 both); RL on another world's names from the same
     warm start plateaued alike (0.77-0.83), so the plateau is not the warm start's memorised names; 96-wide
-    layers reached 0.89 once, but their warm start leaves too little of the ten minutes. The 0.9 target is not reached: see the closing notes of
-    issue 8 for the per-seed table. Rollouts step the environment in a worker process (``env_worker``), which
-    changes their timing, not their episodes (``benchmarks/rollout_overhead.py`` checks that).
+    layers reached 0.89 once, but their warm start leaves too little of the ten minutes. The 0.9 target is
+    not reached: see the closing notes of issue 8 for the per-seed table. Rollouts step the environment in a
+    worker process (``env_worker``), which changes their timing, not their episodes
+    (``benchmarks/rollout_overhead.py`` checks that).
     """
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2, tiny_head_dim=64,
