@@ -54,41 +54,45 @@ TARGET_EM = 0.9
 def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
     """The demo's training settings (the README's main command trains with these).
 
-    Chosen by probes on the held-out world (2-core CPU, 1 torch thread, two runs side by side).
-    Shape (2026-11-23/24): 64-wide heads (``tiny_head_dim``; 32 by default at this width) lift seed 0's
-    held-out 1-hop greedy EM after 1,200 warm-start steps from 0.73 to 0.87 (128-wide heads did not train
-    at this learning rate; 5e-3 was unstable); four such heads instead of two gave 0.87 against 0.84
-    held-out 2-hop after SFT on full demonstrations, at 1.5x the time. World and warm start (2026-11-25):
-    with the default names (3-4 tokens per invented word) every probe plateaued at 0.46-0.69 held-out
-    2-hop, failing on miscopied names; stems of one or two tokens (two now:
-    :func:`agents.demo_task.demo_world`) took seed 0 to 0.84. Seed 1's warm start then fitted its
-    demonstrations by memorising the 50x world's names (loss 0.02-0.06, held-out 1-hop 0.20-0.48 in five
-    probes: lower or higher SFT rate, 4 heads, a copy warm-up alone); a 500x world with 30,000
-    demonstrations and the copy warm-up (``sft_copy_steps``) made it copy (1-hop 0.90-1.00). In GRPO,
-    3e-4 (the best rate with the old names) lifted seed 1's 2-hop to 0.74 in 20 steps, then lost 1-hop
-    EM (0.90 -> 0.75) and 2-hop (0.66); 1e-4 keeps 1-hop. Speed (2026-11-25): 8-row micro-batches (same
-    gradient) take a warm-start step from 135 to 91 ms and an RL update from 1.15 to 0.33 s, so ``steps`` is
-    set high and the time budget ends the run (the split changes the rounding, and with it the outcome: seed
-    0's warm start reached held-out 1-hop 0.99 with 8-row micro-batches, 0.66 with 64). With these settings
-    2-hop rises from 0 to 0.80-0.83 within 20 GRPO steps and stays there (seeds 0/1: 0.83/0.83 after 144/176
-    steps, 1-hop 0.99; seed 2's warm start failed, loss 0.17 and 1-hop 0.63; at SFT rate 2e-3 it worked and
-    plateaued at 0.86-0.87 from step 20 to 260, while seeds 0/1 lost 1-hop after SFT, 0.96/0.95, and seed 1
-    reached 0.68): the failures left are names and numbers copied wrongly (a bridge entity's second token in
-    the next query, a year's digits in the answer), which more RL steps, 4x refilled dynamic sampling and
-    copy warm-up strings of varied length did not remove, nor (2026-11-25, 120 steps from seed 0's warm
-    start) sampling at temperature 1.0 or a 2e-4 rate (0.84 both); RL on another world's names from the same
-    warm start plateaued alike (0.77-0.83), so the plateau is not the warm start's memorised names; 96-wide
-    layers reached 0.89 once, but their warm start leaves too little of the ten minutes. The 0.9 target is
-    not reached: see the closing notes of issue 8 for the per-seed table. Rollouts step the environment in a
-    worker process (``env_worker``), which changes their timing, not their episodes
-    (``benchmarks/rollout_overhead.py`` checks that).
+    Chosen by probes on the held-out world (2-core CPU, 1 torch thread, usually two runs side by side);
+    EM below is held-out greedy EM, one run per figure.
+
+    * Shape (2026-11-23/24): 64-wide heads (``tiny_head_dim``; 32 by default at this width) lift seed 0's
+      1-hop EM after 1,200 warm-start steps from 0.73 to 0.87 (128-wide heads did not train at this
+      learning rate; 5e-3 was unstable).
+    * Names (2026-11-25): with the default names (3-4 tokens per invented word) every probe plateaued at
+      0.46-0.69 2-hop, failing on miscopied names; stems of exactly two tokens
+      (:func:`agents.demo_task.demo_world`) took seed 0 to 0.84.
+    * World: on the 50x world seed 1's warm start fitted its demonstrations by memorising names (loss
+      0.02-0.06, 1-hop 0.20-0.48 in five probes); the 500x world and the copy warm-up
+      (``sft_copy_steps``) made it copy (1-hop 0.90-1.00).
+    * Demonstrations (2026-11-25): 60,000, each question of the world played once, over 3,000 steps (1.6
+      passes). With 30,000 over 2,400 steps (2.6 passes) GRPO plateaued at 0.80-0.84 2-hop from step 20 on
+      for every seed (seeds 0/1: 0.83/0.83 after 144/176 steps), its failures a bridge entity's second
+      token miscopied into the next query or a year's last digit dropped (a guess that fits: the wrong
+      tokens continue the training world's names, which fewer passes memorise less). Seed 0 from the new
+      warm start: 0.93 and 0.92 at 40 and 60 GRPO steps. 60,000 over 2,400 steps left seed 0's warm start
+      at 1-hop 0.78 (one probe).
+    * RL: 3e-4 lifted seed 1's 2-hop to 0.74 in 20 steps, then lost 1-hop EM (0.90 -> 0.75); 1e-4 keeps
+      it. Against the old plateau, none of these helped: more RL steps, 4x refilled dynamic sampling, copy
+      warm-up strings of varied length, temperature 1.0, a 2e-4 rate (0.84 both), RL on another world's
+      names (0.77-0.83), one or three results per search (seed 0: 0.71 and 0.70 after 100 and 60 steps),
+      four heads with 1,600 warm-start steps (0.61), two demonstrations packed per row (0.77), a copy
+      warm-up on spans recalled from 128 random tokens (it did not learn to copy: 1-hop 0.27).
+    * Speed: 8-row micro-batches (same gradient) take a warm-start step from 135 to 91 ms and an RL update
+      from 1.15 to 0.33 s, so ``steps`` is set high and the time budget ends the run (the split changes
+      the rounding, and with it the outcome: seed 0's warm start reached 1-hop 0.99 with 8-row
+      micro-batches, 0.66 with 64). Rollouts step the environment in a worker process (``env_worker``),
+      which changes their timing, not their episodes (``benchmarks/rollout_overhead.py`` checks that).
+
+    Per-seed results of the benchmark are in the closing notes of issue 8.
     """
     config = GRPOConfig(
         model="tiny", tiny_layers=2, tiny_hidden=64, tiny_heads=2, tiny_head_dim=64,
         protocol=COMPACT_SEARCH_R1.name, world_seed=10, world_size=60000, world_scale=500, eval_world_seed=11,
         steps=1000, questions_per_step=8, group_size=8, max_new_tokens=96, max_context=1024, max_turns=4, env_worker=True,
         temperature=0.7, learning_rate=1e-4, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=8,
-        sft_steps=2400, sft_copy_steps=300, sft_examples=30000, sft_lr=3e-3, sft_second_hop_rate=0.1,
+        sft_steps=3000, sft_copy_steps=300, sft_examples=60000, sft_lr=3e-3, sft_second_hop_rate=0.1,
         eval_questions=100, seed=seed, progress=False, tensorboard=False, output_dir=f"runs/learning/seed{seed}",
     )
     return replace(config, **changes)
