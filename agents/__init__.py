@@ -12,28 +12,30 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from agents.scripted import DialectWriter, NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedAgent, run_episode
+from agents.scripted import (
+    DialectWriter, NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedAgent, ScriptedRolloutAgent, run_episode,
+)
 
 #: Public names that live in modules needing torch, and the module each comes from.
 _LAZY = {
-    "TrainConfig": "agents.config",
-    "TrainBatch": "agents.batch",
-    "HFPolicy": "agents.policy", "PolicyOutput": "agents.policy", "ValueModel": "agents.policy",
-    "tiny_causal_lm": "agents.models", "load_smollm2": "agents.models", "load_policy": "agents.models",
-    "RolloutAgent": "agents.interface", "ScriptedRolloutAgent": "agents.interface", "Chunk": "agents.interface",
-    "HFSampler": "agents.sampler",
-    "collect_rollouts": "agents.rollout", "build_batch": "agents.rollout", "Rollout": "agents.rollout",
+    "TrainConfig": "agents.training.config",
+    "TrainBatch": "agents.rollout.batch",
+    "HFPolicy": "agents.policies.policy", "PolicyOutput": "agents.policies.policy", "ValueModel": "agents.policies.policy",
+    "tiny_causal_lm": "agents.policies.loading", "load_smollm2": "agents.policies.loading", "load_policy": "agents.policies.loading",
+    "RolloutAgent": "agents.rollout.agent", "Chunk": "agents.rollout.agent",
+    "HFSampler": "agents.rollout.hf_sampler",
+    "collect_rollouts": "agents.rollout.collect", "Rollout": "agents.rollout.collect", "build_batch": "agents.rollout.batch",
     "ALGORITHMS": "agents.learners", "Algorithm": "agents.learners", "build_algorithm": "agents.learners",
     "PPOConfig": "agents.learners", "GRPOConfig": "agents.learners", "ReinforcePPConfig": "agents.learners",
     "ReinforcePPBaselineConfig": "agents.learners",
-    "TrainingBackend": "agents.backend", "TorchBackend": "agents.backend",
-    "Trainer": "agents.trainer", "TrainResult": "agents.trainer",
+    "TrainingBackend": "agents.training.backend", "TorchBackend": "agents.training.backend",
+    "Trainer": "agents.training.trainer", "TrainResult": "agents.training.trainer",
     "build_trainer": "agents.train",
-    "warm_start": "agents.sft",
-    "EvalResult": "agents.evaluation", "evaluate": "agents.evaluation", "summarize": "agents.evaluation",
+    "warm_start": "agents.training.warm_start",
+    "EvalResult": "agents.training.evaluation", "evaluate": "agents.training.evaluation", "summarize": "agents.training.evaluation",
 }
 
-__all__ = ["DialectWriter", "NoSearchAgent", "OracleAgent", "RetrieveThenAnswerAgent", "ScriptedAgent", "run_episode",
+__all__ = ["DialectWriter", "NoSearchAgent", "OracleAgent", "RetrieveThenAnswerAgent", "ScriptedAgent", "ScriptedRolloutAgent", "run_episode",
            *_LAZY]
 
 

@@ -53,7 +53,7 @@ def resolve_agent(spec: str) -> type:
         raise ValueError(f"cannot load agent {spec!r}: {exc}") from None
     missing = [method for method in ("start", "next_text") if not callable(getattr(cls, method, None))]
     if missing:
-        raise ValueError(f"agent {spec!r} lacks {' and '.join(missing)}: see agents.scripted.ScriptedAgent")
+        raise ValueError(f"agent {spec!r} lacks {' and '.join(missing)}: see agents.scripted.agents.ScriptedAgent")
     return cls
 
 

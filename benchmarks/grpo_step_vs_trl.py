@@ -1,6 +1,6 @@
 """Speed of one GRPO step: our trainer against TRL's ``GRPOTrainer`` (its ``rollout_func`` hook), side by side.
 
-Both sides train the same tiny model (:func:`agents.models.tiny_causal_lm` over the built-in tokenizer,
+Both sides train the same tiny model (:func:`agents.policies.loading.tiny_causal_lm` over the built-in tokenizer,
 the same initial weights) on the same questions of a synthetic world, in the same environment
 (:class:`search_env.BatchSearchQAEnv`, BM25), with the same settings: questions x
 group size, agent-token budget per episode, sampling temperature (top-p off), AdamW at the same
@@ -10,8 +10,8 @@ whole batch, group-std-scaled advantages, clip 0.2, KL off (or on, k3, in both),
 a one-line prompt (12 tokens) in a compact Search-R1 dialect, a large world, a 2x64 model;
 ``--task search-r1`` keeps Search-R1's 276-token instruction prompt, the default world and a 2x128 model.
 
-- Ours: :meth:`agents.trainer.Trainer.train_step` (``HFSampler`` keeping each row's KV cache across
-  turns, :func:`agents.rollout.collect_rollouts`, log-probs of the rollout policy, GRPO advantages, the
+- Ours: :meth:`agents.training.trainer.Trainer.train_step` (``HFSampler`` keeping each row's KV cache across
+  turns, :func:`agents.rollout.collect.collect_rollouts`, log-probs of the rollout policy, GRPO advantages, the
   update through ``TorchBackend``).
 - TRL: ``GRPOTrainer.train()`` with :class:`benchmarks.peers.trl_grpo.SearchQARollout` as its
   ``rollout_func``: per turn, transformers ``generate`` over each whole context (re-prefilled each turn,
@@ -34,7 +34,7 @@ to sampling noise (at lr 1e-6 a few updates leave both policies where they start
 learning-rate decay against our constant rate changes no cost).
 
 A random initial policy rarely closes a search tag, so by default the policy is first warm-started
-(:func:`agents.sft.warm_start` on scripted demonstrations, ``--sft-steps``; ``--sft-cache FILE`` keeps
+(:func:`agents.training.warm_start.warm_start` on scripted demonstrations, ``--sft-steps``; ``--sft-cache FILE`` keeps
 the weights for the next run) and episodes are multi-turn, as in training: after 120 steps about one
 search and 26 agent tokens per episode on the demo task (one minute of warm start), 1.4 searches and 34
 agent tokens on search-r1 (several minutes). ``--sft-steps 0`` measures from the random policy instead
@@ -55,7 +55,7 @@ import torch
 
 from agents.learners import GRPOConfig
 from agents.train import build_trainer
-from agents.trainer import QuestionOrder, Trainer
+from agents.training.trainer import QuestionOrder, Trainer
 from benchmarks.learning import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory

@@ -2,11 +2,11 @@
 
     python -m benchmarks.learning [--seeds 0 1 2] [--minutes 10] [--output-dir runs/learning]
 
-Per seed, with the project's :class:`agents.trainer.Trainer` (the steps the README's command runs):
+Per seed, with the project's :class:`agents.training.trainer.Trainer` (the steps the README's command runs):
 
 1. a tiny Llama over the built-in tokenizer, trained from scratch, evaluated on held-out questions of
    a world with another seed (names it has never seen, so it must search);
-2. a supervised warm start (:func:`agents.sft.warm_start`) on scripted demonstrations that stop after
+2. a supervised warm start (:func:`agents.training.warm_start.warm_start`) on scripted demonstrations that stop after
    the first search on 2-hop questions and answer with the bridge entity, except in 10%
    (``sft_second_hop_rate``) of them: a systematic mistake, so greedy 2-hop EM starts near 0;
 3. GRPO steps until the run's ``steps`` or the time budget (SFT included) is spent, evaluating 1-hop and
@@ -34,14 +34,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agents.backend import TorchBackend
+from agents.training.backend import TorchBackend
 from agents.demo_task import COMPACT_SEARCH_R1, demo_world
-from agents.evaluation import EvalResult, evaluate
+from agents.training.evaluation import EvalResult, evaluate
 from agents.learners import GRPOConfig, build_algorithm
-from agents.models import load_policy
-from agents.sampler import HFSampler
-from agents.sft import warm_start
-from agents.trainer import Trainer
+from agents.policies.loading import load_policy
+from agents.rollout.hf_sampler import HFSampler
+from agents.training.warm_start import warm_start
+from agents.training.trainer import Trainer
 from search_env import BatchSearchQAEnv
 from search_env.console import HelpFormatter
 
@@ -99,7 +99,7 @@ def demo_config(seed: int = 0, **changes: Any) -> GRPOConfig:
 
 
 def warm_started(policy: Any, env: BatchSearchQAEnv, config: GRPOConfig, cache: str | None, *, batch_size: int = 32) -> None:
-    """Warm-start ``policy`` on scripted demonstrations (:func:`agents.sft.warm_start`), or load the weights
+    """Warm-start ``policy`` on scripted demonstrations (:func:`agents.training.warm_start.warm_start`), or load the weights
     an earlier run with the same warm-start settings saved in ``cache`` (it is minutes of work).
 
     Raises:

@@ -8,7 +8,7 @@ loops on malformed calls and makes it look dear). ``--runs`` rollouts on fresh q
 side by side: with the environment stepped in-process, and in a worker process
 (:class:`search_env.worker.EnvWorker`, as the demo trains: ``env_worker``) that steps each episode's chunk
 while the policy decodes the others. The episodes of the two are checked to be identical. Each run's split
-comes from :class:`~agents.rollout.RolloutTimings`; the medians are reported, and the target is judged
+comes from :class:`~agents.rollout.collect.RolloutTimings`; the medians are reported, and the target is judged
 on the way the demo steps its environment.
 
     python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt
@@ -27,9 +27,9 @@ import time
 import torch
 
 from agents.demo_task import demo_world
-from agents.models import load_policy
-from agents.rollout import collect_rollouts
-from agents.sampler import HFSampler
+from agents.policies.loading import load_policy
+from agents.rollout.collect import collect_rollouts
+from agents.rollout.hf_sampler import HFSampler
 from benchmarks.learning import demo_config, warm_started
 from search_env import BatchSearchQAEnv
 from search_env.worker import EnvWorker

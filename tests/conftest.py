@@ -18,7 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository's top folder (tests sit in a tree that mirrors the packages, at varying depths)."""
+
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
 SLOW_TIMEOUT_S = 1200

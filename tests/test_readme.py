@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import skip_without
+from tests.conftest import REPO_ROOT, skip_without
 
-README = Path(__file__).resolve().parents[1] / "README.rst"
+README = REPO_ROOT / "README.rst"
 _BLOCK = re.compile(r"^\.\. code-block:: (\w+)\n\n((?:    .*\n|\n)+)", re.M)
 # An example importing from a module of the agents package other than the scripted agents (which the
 # package itself imports) uses the LLM side: the policies, sampler, rollouts, learners, trainer.

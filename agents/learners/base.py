@@ -21,19 +21,17 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
-from agents.config import TrainConfig
-from agents.learners.core import (
-    AGG_MODES, KL_ESTIMATORS, BatchCounts, aggregate, as_bool, kl_estimate, masked_mean, policy_loss, token_share,
-)
+from agents.learners.config import AlgorithmConfig
+from agents.learners.core import BatchCounts, aggregate, as_bool, kl_estimate, masked_mean, policy_loss, token_share
 
 if TYPE_CHECKING:
-    from agents.batch import TrainBatch
+    from agents.rollout.batch import TrainBatch
 
-__all__ = ["Algorithm", "PolicyOutputLike", "check_train_config", "require"]
+__all__ = ["Algorithm", "PolicyOutputLike", "require"]
 
 
 class PolicyOutputLike(Protocol):
-    """What :meth:`Algorithm.loss` reads of the policy's forward pass (``agents.policy.PolicyOutput``):
+    """What :meth:`Algorithm.loss` reads of the policy's forward pass (``agents.policies.policy.PolicyOutput``):
     (B, T) token-aligned tensors with grad; ``entropy`` and ``values`` are None when not asked for."""
 
     logprobs: torch.Tensor
@@ -48,44 +46,39 @@ def require(value: torch.Tensor | None, name: str, why: str) -> torch.Tensor:
     return value
 
 
-def check_train_config(config: TrainConfig, algo: str) -> None:
-    """One-line errors for settings no algorithm can run with (called by every config's ``__post_init__``,
-    so a bad YAML recipe or command-line override fails when it is loaded, not mid-training)."""
-    name = type(config).__name__
-    if config.algo != algo:
-        raise ValueError(f"{name} is the config of algo {algo!r}, not {config.algo!r}")
-    if config.loss_agg_mode not in AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {config.loss_agg_mode!r}; known: {', '.join(AGG_MODES)}")
-    if config.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {config.kl_estimator!r}; known: {', '.join(KL_ESTIMATORS)}")
-    if not 0.0 <= config.clip_low < 1.0 or config.clip_high < 0.0:
-        raise ValueError(f"clip range needs 0 <= clip_low < 1 and clip_high >= 0, got {config.clip_low}, {config.clip_high}")
-    if config.dual_clip is not None and config.dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None to turn it off), got {config.dual_clip}")
-    if config.kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {config.kl_coef}")
-    if config.group_size < 1 or config.max_new_tokens < 1:
-        raise ValueError(f"group_size and max_new_tokens must be >= 1, got {config.group_size}, {config.max_new_tokens}")
-
-
 class Algorithm(ABC):
     """Base of the learners: the shared policy loss, and the hooks an algorithm fills in.
 
+    Subclass it, set ``name`` and ``config_class``, and decorate the class with
+    :func:`agents.learners.register_algorithm` to make it reachable by ``--algo`` and recipes.
+
+    Everything the trainer calls is declared here: :meth:`filter_batch`, :attr:`rollout_rounds`,
+    :meth:`compute_advantages`, :meth:`counts`, :meth:`loss`, :meth:`critic_loss` and the properties
+    that say which model outputs are needed (:attr:`uses_reference`, :attr:`uses_critic`,
+    :attr:`value_head`, :attr:`needs_entropy`).
+
+    Args:
+        config: the algorithm's settings (an instance of ``config_class``).
+        max_new_tokens: the episode's agent-token budget: Dr. GRPO's constant length and DAPO's overlong
+            window are measured against it.
+
     Attributes:
-        name: the registry name (``--algo``).
+        name: the registry name (``--algo``); written only here.
         config_class: the config dataclass this algorithm takes.
         uses_critic: whether the trainer must fill ``batch.values`` before :meth:`compute_advantages`.
-        config: the run's settings.
     """
 
     name: ClassVar[str] = ""
-    config_class: ClassVar[type[TrainConfig]] = TrainConfig
+    config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     uses_critic: ClassVar[bool] = False
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: AlgorithmConfig, *, max_new_tokens: int = 256) -> None:
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.config = config
+        self.max_new_tokens = max_new_tokens
 
     @property
     def uses_reference(self) -> bool:
@@ -100,13 +93,20 @@ class Algorithm(ABC):
 
     @property
     def needs_entropy(self) -> bool:
-        """Whether :meth:`loss` needs ``out.entropy`` (an entropy bonus is on)."""
+        """Whether :meth:`loss` needs ``out.entropy`` (an entropy bonus is on). The trainer asks for it
+        only then, or when it logs entropy."""
         return self.config.entropy_coef != 0
+
+    def critic_loss(self, mb: TrainBatch, values: torch.Tensor, counts: BatchCounts) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of a separate critic on micro-batch ``mb`` (``values``: its current predictions, with
+        grad), additive over micro-batches like :meth:`loss`. Only an algorithm with
+        ``uses_critic`` and no value head has one; the trainer calls it for no other."""
+        raise TypeError(f"{self.name} trains no separate critic")
 
     def counts(self, batch: TrainBatch) -> BatchCounts:
         """The global denominators of one optimiser step over ``batch`` (see :class:`BatchCounts`);
         Dr. GRPO's constant length is the episode's agent-token budget, ``max_new_tokens``."""
-        return BatchCounts.from_mask(batch.trained_mask, self.config.max_new_tokens)
+        return BatchCounts.from_mask(batch.trained_mask, self.max_new_tokens)
 
     def filter_batch(self, batch: TrainBatch) -> TrainBatch:
         """The rows worth training on; all of them unless an algorithm filters (GRPO's dynamic sampling).
@@ -134,7 +134,7 @@ class Algorithm(ABC):
         old = require(batch.old_logprobs, "batch.old_logprobs", why)
         ref = require(batch.ref_logprobs, "batch.ref_logprobs", why)
         keep = as_bool(batch.trained_mask)
-        kl = kl_estimate(old, ref, self.config.kl_estimator)
+        kl = kl_estimate(old, ref, self.config.kl_estimator, self.config.kl_clamp)
         return torch.where(keep, -self.config.kl_coef * kl, torch.zeros((), dtype=kl.dtype))
 
     def loss(self, mb: TrainBatch, out: PolicyOutputLike, counts: BatchCounts) -> tuple[torch.Tensor, dict[str, float]]:
@@ -165,7 +165,7 @@ class Algorithm(ABC):
         }
         if self.uses_reference and not cfg.kl_in_reward:
             ref = require(mb.ref_logprobs, "batch.ref_logprobs", "the KL loss needs the reference's log-probs")
-            kl = kl_estimate(out.logprobs, ref, cfg.kl_estimator)
+            kl = kl_estimate(out.logprobs, ref, cfg.kl_estimator, cfg.kl_clamp)
             kl_loss = aggregate(kl, keep, cfg.loss_agg_mode, counts)
             total = total + cfg.kl_coef * kl_loss
             stats["loss/kl"] = float(kl_loss.detach())

@@ -159,23 +159,26 @@ def policy_loss(
     return PolicyLossTerms(torch.where(keep, loss, zero), ratio, clipped, dual_clipped)
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str, clamp: float | None = None) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from the sampled token's log-probs.
 
     With log r = ref_logp - logp (r = p_ref / p_policy of the sampled token):
     ``k1`` = -log r (unbiased, high variance, can be negative per token);
     ``k2`` = (log r)² / 2 (biased, low variance; its gradient is the true KL's gradient in expectation);
     ``k3`` = r - 1 - log r (unbiased, always >= 0, low variance: GRPO's ``low_var_kl``).
-    The log-ratio is clamped to ±20 so ``k3``'s exp stays finite. Mask the result before reducing it.
+    The log-ratio is clamped to ±20 so ``k3``'s exp stays finite; ``clamp`` also clamps the estimate to
+    ``[-clamp, clamp]`` (verl's and OpenRLHF's ±10). Mask the result before reducing it.
     """
     if kind not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_estimator {kind!r}; known: {', '.join(KL_ESTIMATORS)}")
     log_r = (ref_logprobs - logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
     if kind == "k1":
-        return -log_r
-    if kind == "k2":
-        return 0.5 * log_r.square()
-    return torch.exp(log_r) - 1.0 - log_r
+        kl = -log_r
+    elif kind == "k2":
+        kl = 0.5 * log_r.square()
+    else:
+        kl = torch.exp(log_r) - 1.0 - log_r
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -13,19 +13,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agents.config import TrainConfig
 from agents.learners.advantages import filter_groups, grpo_advantages, overlong_penalty
-from agents.learners.base import Algorithm, check_train_config
+from agents.learners.base import Algorithm
+from agents.learners.config import AlgorithmConfig
+from agents.learners.registry import register_algorithm
 
 if TYPE_CHECKING:
-    from agents.batch import TrainBatch
+    from agents.rollout.batch import TrainBatch
 
 __all__ = ["GRPO", "GRPOConfig"]
 
 
 @dataclass
-class GRPOConfig(TrainConfig):
-    """GRPO's settings (every :class:`agents.config.TrainConfig` field, plus the options below).
+class GRPOConfig(AlgorithmConfig):
+    """GRPO's settings (every :class:`~agents.learners.config.AlgorithmConfig` field, plus the options below).
 
     Defaults are Search-R1's GRPO run (``train_grpo.sh``; ReSearch and R-Search use the same group
     size and KL) unless said.
@@ -40,11 +41,10 @@ class GRPOConfig(TrainConfig):
             differ (DAPO's refill, ``max_num_gen_batches``); the first groups kept are trained on. 1:
             train on what is left of one rollout.
         overlong_buffer: DAPO's soft overlong punishment over the last ``overlong_buffer`` agent tokens
-            of the ``max_new_tokens`` budget (0: off).
+            of the episode's ``max_new_tokens`` budget (0: off; at most that budget).
         overlong_penalty_factor: the punishment at and beyond the budget (DAPO: 1.0).
     """
 
-    algo: str = "grpo"
     group_size: int = 5  # Search-R1 actor_rollout_ref.rollout.n_agent=5 (ReSearch and R-Search: 5 too)
     kl_coef: float = 0.001  # Search-R1 actor.kl_loss_coef
     kl_estimator: str = "k3"  # Search-R1 actor.kl_loss_type=low_var_kl (k3)
@@ -57,15 +57,15 @@ class GRPOConfig(TrainConfig):
     overlong_penalty_factor: float = 1.0  # DAPO
 
     def __post_init__(self) -> None:
-        check_train_config(self, "grpo")
+        super().__post_init__()
         if self.group_size < 2:
             raise ValueError(f"GRPO compares samples of a question: group_size must be >= 2, got {self.group_size}")
         if self.dynamic_sampling_rounds < 1:
             raise ValueError(f"dynamic_sampling_rounds must be >= 1, got {self.dynamic_sampling_rounds}")
         if self.dynamic_sampling_rounds > 1 and not self.dynamic_sampling:
             raise ValueError("dynamic_sampling_rounds > 1 refills the groups that dynamic sampling drops: set dynamic_sampling=True")
-        if not 0 <= self.overlong_buffer <= self.max_new_tokens:
-            raise ValueError(f"overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}], got {self.overlong_buffer}")
+        if self.overlong_buffer < 0:
+            raise ValueError(f"overlong_buffer must be >= 0, got {self.overlong_buffer}")
 
 
 def agent_lengths(batch: TrainBatch) -> torch.Tensor:
@@ -73,6 +73,7 @@ def agent_lengths(batch: TrainBatch) -> torch.Tensor:
     return torch.tensor([int(t.agent_mask.sum()) for t in batch.trajectories], dtype=torch.long)
 
 
+@register_algorithm
 class GRPO(Algorithm):
     """Group-relative policy optimisation (and its Dr. GRPO / DAPO variants, see the module docstring)."""
 
@@ -80,12 +81,17 @@ class GRPO(Algorithm):
     config_class = GRPOConfig
     config: GRPOConfig
 
+    def __init__(self, config: GRPOConfig, *, max_new_tokens: int = 256) -> None:
+        super().__init__(config, max_new_tokens=max_new_tokens)
+        if config.overlong_buffer > max_new_tokens:
+            raise ValueError(f"overlong_buffer must be in [0, max_new_tokens={max_new_tokens}], got {config.overlong_buffer}")
+
     def shaped_scores(self, batch: TrainBatch) -> torch.Tensor:
         """(B,) the scores the groups compare: ``batch.scores`` plus the overlong penalty when it is on."""
         scores = batch.scores.to(batch.token_rewards.dtype)  # the per-token float type of the batch
         if self.config.overlong_buffer > 0:
             penalty = overlong_penalty(
-                agent_lengths(batch), self.config.max_new_tokens, self.config.overlong_buffer,
+                agent_lengths(batch), self.max_new_tokens, self.config.overlong_buffer,
                 self.config.overlong_penalty_factor,
             )
             scores = scores + penalty.to(scores)

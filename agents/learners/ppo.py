@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agents.config import TrainConfig
 from agents.learners.advantages import gae, whiten
-from agents.learners.base import Algorithm, PolicyOutputLike, check_train_config, require
+from agents.learners.base import Algorithm, PolicyOutputLike, require
+from agents.learners.config import AlgorithmConfig, check_warmup
+from agents.learners.registry import register_algorithm
 from agents.learners.core import BatchCounts, aggregate, as_bool, masked_mean, token_share, value_loss
 
 if TYPE_CHECKING:
-    from agents.batch import TrainBatch
+    from agents.rollout.batch import TrainBatch
 
 __all__ = ["PPO", "PPOConfig"]
 
@@ -24,8 +25,8 @@ CRITIC_KINDS = ("head", "separate")
 
 
 @dataclass
-class PPOConfig(TrainConfig):
-    """PPO's settings (every :class:`agents.config.TrainConfig` field, plus the critic's).
+class PPOConfig(AlgorithmConfig):
+    """PPO's settings (every :class:`~agents.learners.config.AlgorithmConfig` field, plus the critic's).
 
     Defaults are Search-R1's PPO run (its ``train_ppo.sh`` on verl's ``ppo_trainer.yaml``) unless said.
 
@@ -37,12 +38,15 @@ class PPOConfig(TrainConfig):
             on the policy's last hidden state, trained with the policy through ``vf_coef`` (half the
             memory and compute, the usual choice on a CPU).
         critic_lr: the separate critic's learning rate.
+        critic_warmup_ratio: the separate critic's linear learning-rate warm-up, as a share of the run's
+            training steps (verl's ``critic.optim.lr_warmup_steps_ratio``); the policy's is the ``optim``
+            group's.
+        critic_warmup_steps: the same in training steps (use one of the two).
         vf_coef: weight of the value loss in the policy's loss when ``critic="head"``.
         value_clip: clip range of the value prediction around the rollout's values (None: unclipped).
         whiten_advantages: normalise GAE advantages over the batch's trained tokens (verl does).
     """
 
-    algo: str = "ppo"
     group_size: int = 1  # Search-R1 PPO: one sample per question (n_agent=1)
     kl_coef: float = 0.001  # Search-R1: algorithm.kl_ctrl.kl_coef
     kl_estimator: str = "k1"  # verl's kl_penalty "kl" = k1
@@ -52,20 +56,24 @@ class PPOConfig(TrainConfig):
     lam: float = 1.0  # Search-R1 / verl algorithm.lam
     critic: str = "separate"  # Search-R1 trains a separate critic from the base model
     critic_lr: float = 1e-5  # Search-R1 critic.optim.lr (actor: 1e-6)
+    critic_warmup_ratio: float = 0.015  # Search-R1 train_ppo.sh: critic.optim.lr_warmup_steps_ratio
+    critic_warmup_steps: int = 0
     vf_coef: float = 0.5  # not in the seed papers (separate critic); CleanRL's default for a shared head
     value_clip: float | None = 0.5  # verl critic.cliprange_value
     whiten_advantages: bool = True  # verl whitens GAE advantages over the response mask
 
     def __post_init__(self) -> None:
-        check_train_config(self, "ppo")
+        super().__post_init__()
         if self.critic not in CRITIC_KINDS:
             raise ValueError(f"unknown critic {self.critic!r}; known: {', '.join(CRITIC_KINDS)}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
             raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        check_warmup(self.critic_warmup_steps, self.critic_warmup_ratio, "critic_warmup")
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"value_clip must be > 0 (or None), got {self.value_clip}")
 
 
+@register_algorithm
 class PPO(Algorithm):
     """PPO with GAE; the value term is in :meth:`loss` for a value head, in :meth:`critic_loss` for a
     separate critic (which the trainer steps with its own optimiser)."""

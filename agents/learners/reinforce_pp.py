@@ -8,42 +8,40 @@ then does the same; R1-Searcher trains with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
-from agents.config import TrainConfig
 from agents.learners.advantages import group_normalized_scores, place_on_last_token, reinforce_pp_returns, whiten
-from agents.learners.base import Algorithm, check_train_config
+from agents.learners.base import Algorithm
+from agents.learners.config import AlgorithmConfig
+from agents.learners.registry import register_algorithm
 
 if TYPE_CHECKING:
-    from agents.batch import TrainBatch
+    from agents.rollout.batch import TrainBatch
 
 __all__ = ["ReinforcePP", "ReinforcePPBaseline", "ReinforcePPBaselineConfig", "ReinforcePPConfig"]
 
 
 @dataclass
-class ReinforcePPConfig(TrainConfig):
-    """REINFORCE++'s settings (every :class:`agents.config.TrainConfig` field, plus ``gamma``).
+class ReinforcePPConfig(AlgorithmConfig):
+    """REINFORCE++'s settings (every :class:`~agents.learners.config.AlgorithmConfig` field, plus ``gamma``).
 
     Defaults follow the REINFORCE++ paper and OpenRLHF's ``reinforce`` estimator unless said; the
-    group size is TrainConfig's (plain REINFORCE++ needs no groups, but comparing algorithms on equal
+    group size is AlgorithmConfig's (plain REINFORCE++ needs no groups, but comparing algorithms on equal
     batches is easier with one).
 
     Attributes:
         gamma: discount per agent token of the return (environment tokens do not discount).
     """
 
-    ALGO: ClassVar[str] = "reinforce++"
-
-    algo: str = "reinforce++"
     kl_coef: float = 0.01  # REINFORCE++ / OpenRLHF example scripts (init_kl_coef 0.01)
     kl_estimator: str = "k1"  # OpenRLHF's default kl_estimator
     kl_in_reward: bool = True  # REINFORCE++ puts the token-level KL penalty in the reward
     gamma: float = 1.0  # REINFORCE++ / OpenRLHF default
 
     def __post_init__(self) -> None:
-        check_train_config(self, self.ALGO)
+        super().__post_init__()
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 
@@ -52,11 +50,7 @@ class ReinforcePPConfig(TrainConfig):
 class ReinforcePPBaselineConfig(ReinforcePPConfig):
     """REINFORCE++-baseline's settings; defaults are R1-Searcher's (PROTOCOLS.md) unless said."""
 
-    ALGO: ClassVar[str] = "reinforce++-baseline"
-
-    algo: str = "reinforce++-baseline"
     group_size: int = 16  # R1-Searcher: 16 samples per question
-    learning_rate: float = 2e-6  # R1-Searcher
     kl_coef: float = 1e-4  # R1-Searcher runs with 0 or 1e-4 (k1 in the reward)
 
     def __post_init__(self) -> None:
@@ -65,6 +59,7 @@ class ReinforcePPBaselineConfig(ReinforcePPConfig):
             raise ValueError(f"the group-mean baseline needs group_size >= 2, got {self.group_size}")
 
 
+@register_algorithm
 class ReinforcePP(Algorithm):
     """REINFORCE++: whitened discounted returns of the KL-shaped token reward as advantages."""
 
@@ -87,6 +82,7 @@ class ReinforcePP(Algorithm):
         return self._advantage_stats(batch, kl_rewards)
 
 
+@register_algorithm
 class ReinforcePPBaseline(ReinforcePP):
     """REINFORCE++-baseline: the group's mean score is subtracted from the outcome reward first."""
 

@@ -1,0 +1,177 @@
+"""The policy the learners train: a ``transformers`` causal LM over the environment's tokenizer.
+
+Per-token outputs are *token-aligned* with ``input_ids`` (B, T): entry ``[b, t]`` belongs to token ``t``
+and is computed from the tokens before it (the logits at ``t - 1``), so column 0 is 0. Log-probs and
+entropy are those of the tempered distribution ``softmax(logits / temperature)`` over the tokenizer's
+ids: the distribution the sampler draws from (before any top-p cut), so importance ratios compare like
+with like. Padding may be on either side as long as ``position_ids`` count real tokens only
+(:func:`position_ids_from_mask`); a padded row then gets the log-probs it gets alone.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from search_env.tokenization import TokenCodec, as_codec
+
+__all__ = ["HFPolicy", "PolicyOutput", "ValueModel", "position_ids_from_mask", "token_aligned"]
+
+
+@dataclass
+class PolicyOutput:
+    """What one forward pass gives the learner; every tensor is (B, T), token-aligned, with grad."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count real tokens only (left or right padding): ``cumsum(mask) - 1``, clamped at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_aligned(predictions: torch.Tensor) -> torch.Tensor:
+    """(B, T) from (B, T - 1) values computed at positions ``0..T-2`` (each about the next token): entry
+    ``t`` holds position ``t - 1``'s, column 0 is 0."""
+    return torch.cat([predictions.new_zeros(predictions.shape[0], 1), predictions], dim=1)
+
+
+class HFPolicy(nn.Module):
+    """A causal LM with the codec of its tokenizer, and an optional value head (PPO with a shared trunk).
+
+    Args:
+        model: any ``transformers`` causal LM whose embedding covers the tokenizer's ids.
+        codec: the environment's :class:`~search_env.tokenization.TokenCodec`, or anything
+            :func:`~search_env.tokenization.as_codec` takes (a tokenizer object or path; ``None`` for
+            the built-in tokenizer). Logits are cut to its ``vocab_size`` (ids past it, padding rows of
+            the embedding, are never sampled and carry no probability).
+        value_head: add ``value_head = nn.Linear(hidden, 1)`` on the last hidden state (zero-initialised,
+            so the critic starts as a zero baseline).
+
+    ``policy.parameters()`` covers the LM and the value head; ``policy.model`` is the LM itself.
+    """
+
+    def __init__(self, model: nn.Module, codec: Any = None, *, value_head: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.codec: TokenCodec = as_codec(codec)
+        rows = model.get_input_embeddings().num_embeddings
+        if self.codec.vocab_size > rows:
+            raise ValueError(f"the tokenizer has {self.codec.vocab_size} ids but the model's embedding only {rows} rows")
+        self.vocab_size = self.codec.vocab_size
+        # Models that cannot skip positions in their LM head get full logits, cut here instead.
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.value_head: nn.Linear | None = None
+        if value_head:
+            self.value_head = nn.Linear(model.config.hidden_size, 1)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        with_values: bool = False,
+        from_column: int = 0,
+    ) -> PolicyOutput:
+        """Token-aligned log-probs of ``input_ids`` (and entropy, values) at ``temperature``.
+
+        ``position_ids`` defaults to :func:`position_ids_from_mask`. Entries are 0 on padding and on a row's
+        first real token (nothing precedes it). ``from_column > 0`` computes log-probs and entropy only for
+        columns ``from_column`` and later (earlier ones are 0; values are unaffected): the learner needs
+        them on trained tokens only, and with a long prompt and a large vocabulary the LM head over the
+        prompt's positions is most of a forward pass (the model's ``logits_to_keep`` skips it).
+        """
+        if with_values and self.value_head is None:
+            raise ValueError("with_values=True needs HFPolicy(..., value_head=True)")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (greedy decoding has no log-probs), got {temperature}")
+        if position_ids is None:
+            position_ids = position_ids_from_mask(attention_mask)
+        width = input_ids.shape[1]
+        first = min(max(from_column, 1), max(width - 1, 1))  # column 0 never has a log-prob
+        keep = width - first + 1  # positions first-1 .. width-1
+        kept = {"logits_to_keep": keep} if first > 1 and self._keeps_logits else {}
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            output_hidden_states=with_values, use_cache=False, **kept,
+        )
+        logits = out.logits[:, -keep:-1, : self.vocab_size].float() / temperature  # predicts columns first .. width-1
+        lse = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(-1, input_ids[:, first:, None]).squeeze(-1)
+        # A token has a log-prob when it and the token before it are real (so column 0 and the first
+        # token of a left-padded row get 0, as they do alone).
+        real = attention_mask.bool()
+        real = real & token_aligned(real[:, :-1])
+        if from_column >= width:  # nothing asked for (the head still ran on one position)
+            real = torch.zeros_like(real)
+        logprobs = torch.where(real, _from_column(chosen - lse, first), 0.0)
+        entropy = values = None
+        if with_entropy:
+            probs = torch.softmax(logits, dim=-1)
+            entropy = torch.where(real, _from_column(lse - (probs * logits).sum(-1), first), 0.0)
+        if with_values:
+            hidden = out.hidden_states[-1]
+            hidden = hidden[:, :-1].to(self.value_head.weight.dtype)
+            values = torch.where(real, token_aligned(self.value_head(hidden).squeeze(-1)), 0.0)
+        return PolicyOutput(logprobs, entropy, values)
+
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the LM as a standard transformers model folder (weights, config, tokenizer), which
+        :func:`agents.policies.loading.load_policy`, the evaluation harness and any Hugging Face tool load.
+        The value head, a training device, is not part of it. Returns the folder."""
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(target)
+        tokenizer = self.codec.tokenizer
+        if not hasattr(tokenizer, "save_pretrained"):  # a bare ``tokenizers.Tokenizer`` (the built-in one)
+            from transformers import PreTrainedTokenizerFast
+
+            eos = tokenizer.id_to_token(min(self.codec.eos_ids))
+            tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos,
+                                                pad_token=tokenizer.id_to_token(self.codec.pad_id))
+        tokenizer.save_pretrained(target)
+        return target
+
+
+def _from_column(predictions: torch.Tensor, first: int) -> torch.Tensor:
+    """(B, T) from (B, T - first) values for columns ``first..T-1``; earlier columns are 0."""
+    return torch.cat([predictions.new_zeros(predictions.shape[0], first), predictions], dim=1)
+
+
+class ValueModel(nn.Module):
+    """A separate critic: a causal LM's transformer trunk (its LM head dropped) and a linear value head.
+
+    Pass a copy of the policy's LM (``copy.deepcopy(policy.model)``) or another checkpoint; the head is
+    zero-initialised. :meth:`values` is token-aligned like :class:`HFPolicy`'s outputs.
+    """
+
+    def __init__(self, backbone_lm: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone_lm.base_model
+        self.value_head = nn.Linear(backbone_lm.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) values: entry ``t`` is the value of the state before token ``t`` (0 where the policy's log-probs are 0)."""
+        if position_ids is None:
+            position_ids = position_ids_from_mask(attention_mask)
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
+        per_position = self.value_head(hidden[:, :-1].to(self.value_head.weight.dtype)).squeeze(-1)
+        real = attention_mask.bool()
+        return torch.where(real & token_aligned(real[:, :-1]), token_aligned(per_position), 0.0)
+
+    forward = values

@@ -1,0 +1,50 @@
+"""The scripted baselines as a :class:`~agents.rollout.agent.RolloutAgent`, so they play through
+:func:`agents.rollout.collect.collect_rollouts` exactly as an LLM policy does (demonstrations, sanity rows)."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from agents.rollout.agent import Chunk
+from agents.scripted.agents import DialectWriter, ScriptedAgent
+from search_env.data.example import QAExample
+from search_env.protocols import Protocol
+from search_env.tokenization import TokenCodec
+
+__all__ = ["ScriptedRolloutAgent"]
+
+
+class ScriptedRolloutAgent:
+    """A rollout agent over the scripted agents of :mod:`agents.scripted.agents` (one instance per row).
+
+    ``make_agent`` builds a fresh agent for each row, e.g. ``ScriptedRolloutAgent(OracleAgent)``. Each
+    chunk is the agent's text in the protocol's dialect, encoded once; when the agent stops writing (or
+    has written the answer of a protocol whose answer does not end the episode) the end-of-sequence id
+    follows, exactly as :func:`agents.scripted.agents.run_episode` does.
+    """
+
+    def __init__(self, make_agent: Callable[[], ScriptedAgent]) -> None:
+        self.make_agent = make_agent
+
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+        self._codec, self._protocol, self._writer = codec, protocol, DialectWriter(protocol)
+        self._eos = min(codec.eos_ids)
+        self._agents: list[ScriptedAgent | None] = [self.make_agent() for _ in prompt_ids]
+        for agent, example in zip(self._agents, examples):
+            agent.start(example)
+        self._observations = [""] * len(prompt_ids)
+
+    def generate(self, rows: Sequence[int], budgets: Sequence[int]) -> list[Chunk]:
+        chunks = []
+        for row, budget in zip(rows, budgets):
+            text = self._agents[row].next_text(self._writer, self._observations[row])
+            ids = self._codec.encode(text) if text else []
+            if not text or (not self._protocol.answer_ends_episode and self._protocol.answer_close in text):
+                ids.append(self._eos)
+            chunks.append(Chunk(ids[:budget]))
+        return chunks
+
+    def feed(self, row: int, token_ids: Sequence[int]) -> None:
+        self._observations[row] = self._codec.decode(token_ids)
+
+    def finish(self, row: int) -> None:
+        self._agents[row] = None

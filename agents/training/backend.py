@@ -1,0 +1,362 @@
+"""Where the models and optimisers live: the one interface between the trainer and a training engine.
+
+The trainer (:mod:`agents.training.trainer`) never touches a model, an optimiser or a device directly. It
+asks its backend for forward passes over micro-batches, hands it each micro-batch's loss, asks it to take a
+step, and to save or load itself into a checkpoint folder. That keeps one trainer for every engine:
+:class:`TorchBackend` runs plain PyTorch on one device; a data-parallel engine (DeepSpeed ZeRO) implements
+the same methods in a file of its own, registers itself with :func:`register_backend`, and is picked by
+``run.backend``. A rollout engine that keeps its own copy of the weights (vLLM) registers a post-step hook
+(:meth:`TrainingBackend.add_post_step_hook`) to pick up each update.
+
+Contract on losses: the trainer divides every micro-batch's loss by counts over the whole mini-batch
+(see :class:`agents.learners.BatchCounts`), reduced across data-parallel ranks by
+:meth:`TrainingBackend.reduce_counts`, so the gradients of a mini-batch's micro-batches *sum* to its
+full-batch gradient. A backend accumulates them as given and must not rescale them (DeepSpeed's engine,
+which divides by its accumulation steps, must be told not to).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+
+from agents.learners.config import warmup_steps
+from agents.policies.policy import HFPolicy, PolicyOutput, ValueModel
+from agents.rollout.batch import TrainBatch
+from agents.training.config import TrainConfig
+try:  # TEMP until rewards exports it
+    from rewards import UnknownNameError
+except ImportError:
+    UnknownNameError = ValueError
+
+if TYPE_CHECKING:
+    from agents.learners import Algorithm, BatchCounts
+
+__all__ = ["BACKENDS", "TorchBackend", "TrainingBackend", "build_backend", "register_backend"]
+
+
+class TrainingBackend(ABC):
+    """Owns the trainable policy (and critic), the frozen reference and the optimisers.
+
+    Attributes:
+        policy: the policy being trained; rollouts sample from it (or from an engine synced to it).
+    """
+
+    policy: HFPolicy
+
+    def __init__(self) -> None:
+        self._post_step_hooks: list[Callable[[], None]] = []
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> TrainingBackend:
+        """The backend a run's config asks for, around ``policy`` (with a critic and a reference policy
+        when ``algorithm`` needs them)."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """The device batches go to before :meth:`forward`."""
+
+    @abstractmethod
+    def forward(self, batch: TrainBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
+        """Token-aligned log-probs (at the sampling temperature), optionally entropy and critic values,
+        of the policy on ``batch``; differentiable when called under grad. Log-probs and entropy need only
+        be right from ``batch.first_trained_column`` on (the learner reads them on trained tokens only)."""
+
+    @abstractmethod
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Token-aligned log-probs of the frozen reference policy on ``batch`` (no grad; right from
+        ``batch.first_trained_column`` on)."""
+
+    @abstractmethod
+    def reset_reference(self) -> None:
+        """Make the reference a frozen copy of the policy as it is now (after a warm start), if the
+        backend keeps one."""
+
+    @abstractmethod
+    def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        """Split a mini-batch into the micro-batches that fit one forward/backward pass: consecutive
+        slices of its rows, in order (the trainer writes per-row results back by position)."""
+
+    def reduce_counts(self, counts: BatchCounts) -> BatchCounts:
+        """``counts`` summed over data-parallel ranks (each rank holds its share of the batch); on one
+        process they are the counts themselves."""
+        return counts
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of one micro-batch's loss (already scaled by global counts)."""
+
+    @abstractmethod
+    def step(self) -> float:
+        """Clip, apply and clear the accumulated gradients, then run the post-step hooks; return the
+        policy's gradient norm before clipping (a non-finite norm skips the update)."""
+
+    @abstractmethod
+    def finish_step(self) -> None:
+        """The training step's updates are done: advance the learning-rate schedules, which count
+        training steps as the seed systems do (not the optimiser steps each one takes)."""
+
+    @abstractmethod
+    @contextmanager
+    def supervised(self, learning_rate: float, schedule: Callable[[int], float] | None = None,
+                   **adamw: Any) -> Iterator[None]:
+        """Within the block, :meth:`step` updates the policy alone with a fresh AdamW at ``learning_rate``
+        x ``schedule(optimiser step)`` (constant without one; ``adamw``: its other options), for a
+        warm start; the run's own optimisers are untouched and apply again after it."""
+
+    @abstractmethod
+    def train(self) -> None:
+        """Put the trained models in training mode (for updates)."""
+
+    @abstractmethod
+    def eval(self) -> None:
+        """Put the trained models in evaluation mode (rollouts and log-probs of the rollout policy)."""
+
+    @property
+    @abstractmethod
+    def learning_rate(self) -> float:
+        """The policy optimiser's current learning rate."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> None:
+        """Write everything needed to continue training exactly (weights, optimiser and schedule states)
+        into ``directory``, which exists and is empty; a sharded engine writes one file per rank."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> None:
+        """Restore what :meth:`save` wrote into ``directory``."""
+
+    def add_post_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` after every optimiser step (e.g. to sync a rollout engine's weights)."""
+        self._post_step_hooks.append(hook)
+
+    def _run_post_step_hooks(self) -> None:
+        for hook in self._post_step_hooks:
+            hook()
+
+
+BACKENDS: dict[str, type[TrainingBackend]] = {}
+"""Backend name (``run.backend``) -> backend class."""
+
+
+def register_backend(name: str) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
+    """Class decorator: make a backend reachable as ``run.backend: name``."""
+
+    def register(cls: type[TrainingBackend]) -> type[TrainingBackend]:
+        BACKENDS[name] = cls
+        return cls
+
+    return register
+
+
+def build_backend(config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> TrainingBackend:
+    """The backend ``config.run.backend`` names, built around ``policy``."""
+    try:
+        backend_class = BACKENDS[config.run.backend]
+    except KeyError:
+        raise UnknownNameError(f"unknown backend {config.run.backend!r}; known: {', '.join(BACKENDS)}") from None
+    return backend_class.from_config(config, policy, algorithm)
+
+
+@register_backend("torch")
+class TorchBackend(TrainingBackend):
+    """Plain PyTorch on one device: AdamW, gradient-norm clipping, linear warm-up then a constant rate.
+
+    Args:
+        policy: the policy to train (already on its device).
+        config: the run's config: the ``optim`` group, ``rollout.temperature`` (log-probs are taken at the
+            sampling temperature) and ``run.steps`` (a warm-up given as a ratio).
+        critic: a separate value model (PPO without a value head), trained by its own AdamW.
+        critic_learning_rate: the critic's learning rate (default: the policy's).
+        critic_warmup_steps: training steps of the critic's own linear warm-up.
+        with_reference: keep a frozen copy of the policy for KL terms.
+    """
+
+    def __init__(
+        self,
+        policy: HFPolicy,
+        config: TrainConfig,
+        *,
+        critic: ValueModel | None = None,
+        critic_learning_rate: float | None = None,
+        critic_warmup_steps: int = 0,
+        with_reference: bool = False,
+    ) -> None:
+        super().__init__()
+        self.policy = policy
+        self.critic = critic
+        self.config = config
+        optim = config.optim
+        self.optimizer = self._adamw(policy.parameters(), optim.learning_rate)
+        policy_warmup = warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _linear_warmup(policy_warmup))
+        self.critic_optimizer = self.critic_scheduler = None
+        if critic is not None:
+            lr = optim.learning_rate if critic_learning_rate is None else critic_learning_rate
+            self.critic_optimizer = self._adamw(critic.parameters(), lr)
+            self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, _linear_warmup(critic_warmup_steps))
+        self.reference: HFPolicy | None = None
+        self._supervised: torch.optim.Optimizer | None = None
+        self._supervised_schedule: torch.optim.lr_scheduler.LambdaLR | None = None
+        self._with_reference = with_reference
+        self.reset_reference()
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> TorchBackend:
+        """A separate critic (PPO without a value head) starts as a copy of the policy's model."""
+        critic, options = None, {}
+        if algorithm.uses_critic and not algorithm.value_head:
+            critic = ValueModel(copy.deepcopy(policy.model)).to(config.run.device)
+            algo = config.algorithm
+            options = {"critic_learning_rate": algo.critic_lr,
+                       "critic_warmup_steps": warmup_steps(algo.critic_warmup_steps, algo.critic_warmup_ratio, config.run.steps)}
+        return cls(policy, config, critic=critic, with_reference=algorithm.uses_reference, **options)
+
+    def _adamw(self, params: Any, lr: float) -> torch.optim.AdamW:
+        optim = self.config.optim
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(optim.adam_betas), weight_decay=optim.weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
+    # -- forward passes --------------------------------------------------------------------------
+    def forward(self, batch: TrainBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
+        head_values = with_values and self.critic is None
+        out = self.policy.forward(
+            batch.input_ids, batch.attention_mask, batch.position_ids,
+            temperature=self.config.rollout.temperature, with_entropy=with_entropy, with_values=head_values,
+            from_column=batch.first_trained_column,
+        )
+        if with_values and self.critic is not None:
+            out = replace(out, values=self.critic.values(batch.input_ids, batch.attention_mask, batch.position_ids))
+        return out
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.reference is None:
+            raise RuntimeError("this backend keeps no reference policy (with_reference=False)")
+        return self.reference.forward(
+            batch.input_ids, batch.attention_mask, batch.position_ids, temperature=self.config.rollout.temperature,
+            from_column=batch.first_trained_column,
+        ).logprobs
+
+    def reset_reference(self) -> None:
+        if not self._with_reference:
+            return
+        self.reference = copy.deepcopy(self.policy)
+        self.reference.eval()
+        for param in self.reference.parameters():
+            param.requires_grad_(False)
+
+    def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        size = self.config.optim.micro_batch_size
+        return batch.micro_batches(size if size > 0 else max(len(batch), 1))
+
+    # -- optimisation ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        if self._supervised is not None:
+            norm = self._apply(self.policy.parameters(), self._supervised)
+            self._supervised_schedule.step()
+        else:
+            norm = self._apply(self.policy.parameters(), self.optimizer)
+            if self.critic is not None:
+                self._apply(self.critic.parameters(), self.critic_optimizer)
+        self._run_post_step_hooks()
+        return norm
+
+    def finish_step(self) -> None:
+        self.scheduler.step()
+        if self.critic_scheduler is not None:
+            self.critic_scheduler.step()
+
+    @contextmanager
+    def supervised(self, learning_rate: float, schedule: Callable[[int], float] | None = None,
+                   **adamw: Any) -> Iterator[None]:
+        self._supervised = torch.optim.AdamW(self.policy.parameters(), lr=learning_rate, **adamw)
+        self._supervised_schedule = torch.optim.lr_scheduler.LambdaLR(self._supervised, schedule or (lambda _: 1.0))
+        try:
+            yield
+        finally:
+            self._supervised.zero_grad(set_to_none=True)  # no warm-start gradient may leak into the first RL update
+            self._supervised = self._supervised_schedule = None
+
+    def _apply(self, params: Any, optimizer: torch.optim.Optimizer) -> float:
+        params = [p for p in params if p.requires_grad]
+        limit = self.config.optim.max_grad_norm if self.config.optim.max_grad_norm > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+        if math.isfinite(norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def train(self) -> None:
+        self.policy.train()
+        if self.critic is not None:
+            self.critic.train()
+
+    def eval(self) -> None:
+        self.policy.eval()
+        if self.critic is not None:
+            self.critic.eval()
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, optimiser and schedule states (what :meth:`save` writes)."""
+        state: dict[str, Any] = {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic_scheduler"] = self.critic_scheduler.state_dict()
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
+        if self.reference is not None:
+            self.reference.load_state_dict(state["reference"])
+
+    def save(self, directory: Path) -> None:
+        from agents.training.checkpoint import save_checkpoint
+
+        save_checkpoint(Path(directory) / BACKEND_FILE, self.state_dict())
+
+    def load(self, directory: Path) -> None:
+        from agents.training.checkpoint import load_checkpoint
+
+        self.load_state_dict(load_checkpoint(Path(directory) / BACKEND_FILE, map_location=self.device))
+
+
+#: The file :class:`TorchBackend` writes into a checkpoint folder.
+BACKEND_FILE = "backend.pt"
+
+
+def _linear_warmup(steps: int) -> Callable[[int], float]:
+    """A learning-rate factor rising linearly over ``steps`` (then 1)."""
+    return lambda done: 1.0 if steps <= 0 else min(1.0, (done + 1) / steps)

@@ -1,0 +1,409 @@
+"""A training run's configuration: one small dataclass per concern, and :class:`TrainConfig` holding them.
+
+The groups, as the command line and YAML recipes spell them (``--optim.learning_rate 1e-6``, or
+``optim: {learning_rate: 1.0e-6}`` in a recipe):
+
+* ``model`` (:class:`~agents.policies.config.ModelConfig`): which model and tokenizer;
+* ``data`` (:class:`DataConfig`): the questions and what they are searched in;
+* ``env`` (:class:`EnvConfig`): the protocol, reward and episode budgets;
+* ``rollout`` (:class:`RolloutConfig`): how many episodes a step plays and how they are sampled;
+* ``optim`` (:class:`OptimConfig`): the optimiser, its schedule and the update's batching;
+* ``warm_start`` (:class:`WarmStartConfig`): supervised cloning of scripted demonstrations first;
+* ``eval`` (:class:`EvalConfig`): held-out evaluation;
+* ``run`` (:class:`RunConfig`): steps, seed, device, backend, output, logs and checkpoints;
+* ``algorithm``: the algorithm's own config (:mod:`agents.learners`), chosen by ``algo``.
+
+Every field is checked when the config is built, so a bad recipe or flag fails with one line before any
+model is loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from agents.learners.config import AlgorithmConfig, check_warmup
+from agents.policies.config import ModelConfig
+
+__all__ = [
+    "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig",
+    "TrainConfig", "WarmStartConfig",
+]
+
+
+def _positive(group: str, obj: Any, *names: str, zero_ok: bool = False) -> None:
+    """One-line errors for fields of ``obj`` that must be >= 1 (or >= 0 with ``zero_ok``)."""
+    low = 0 if zero_ok else 1
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < low:
+            raise ValueError(f"{group}.{name} must be >= {low}, got {value}")
+
+
+@dataclass
+class DataConfig:
+    """The questions trained and evaluated on, and what they are searched in.
+
+    Attributes:
+        dataset: ``"synthetic"`` (the built-in world) or a FlashRAG jsonl / Search-R1 parquet path.
+        corpus: the passages a real dataset is searched in: a ``{id, title, text}`` jsonl.
+        retriever: ``bm25`` or ``dense`` (an encoder and faiss index over ``corpus``).
+        eval_dataset: held-out questions of a real dataset (default: its last ``eval.questions`` questions).
+        world_seed: seed of the synthetic world trained on.
+        world_size: questions of the synthetic world trained on.
+        world_max_hops: most lookups a synthetic question takes (1: single-hop questions only).
+        world_scale: entities of the synthetic worlds (trained on and held out), as a multiple of the
+            default world's: in a larger world names repeat less, so a small model cannot fit its
+            demonstrations by memorising names instead of copying them.
+        world_chain_only: only chain questions (1 to ``world_max_hops`` lookups); no comparison or yes/no
+            questions, which need reasoning over two results.
+        world_stem_tokens: the invented words of names take exactly this many tokens of the built-in
+            tokenizer (``None``: any number). Names a small model copies more exactly.
+        eval_world_seed: seed of the held-out synthetic world (names are new, so the policy must search).
+        eval_new_words: the held-out world uses none of the trained world's invented words (worlds of
+            few-token words otherwise share some).
+        bm25_stemmer: ``None`` or ``"light"``: strip one plural or past-tense ending before indexing and
+            searching the synthetic world, so that a question's verb finds the passage stating the fact.
+    """
+
+    dataset: str = "synthetic"
+    corpus: str | None = None
+    retriever: str = "bm25"
+    eval_dataset: str | None = None
+    world_seed: int = 0
+    world_size: int = 1000
+    world_max_hops: int = 2
+    world_scale: int = 1
+    world_chain_only: bool = False
+    world_stem_tokens: int | None = None
+    eval_world_seed: int = 1
+    eval_new_words: bool = False
+    bm25_stemmer: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive("data", self, "world_size", "world_max_hops", "world_scale", "world_stem_tokens")
+        if self.retriever not in ("bm25", "dense"):
+            raise ValueError(f"unknown data.retriever {self.retriever!r}; known: bm25, dense")
+        if self.bm25_stemmer not in (None, "light"):
+            raise ValueError(f"unknown data.bm25_stemmer {self.bm25_stemmer!r}; known: light (or null: none)")
+        synthetic = self.dataset == "synthetic"
+        if synthetic and self.corpus is not None:
+            raise ValueError("data.corpus is for a real data.dataset; the synthetic world brings its own passages")
+        if synthetic and self.eval_dataset is not None:
+            raise ValueError("data.eval_dataset needs a real data.dataset (held-out synthetic questions come from data.eval_world_seed)")
+        if not synthetic and self.corpus is None:
+            raise ValueError(f"data.dataset {self.dataset!r} needs data.corpus: the passages to search (a {{id, title, text}} jsonl)")
+
+
+@dataclass
+class EnvConfig:
+    """The environment every episode runs in (training and held-out alike).
+
+    Attributes:
+        protocol: the tag dialect, prompt and default reward (a registered protocol's name).
+        reward: a reward preset overriding the protocol's.
+        reward_stages: ``[start_step, preset]`` pairs (R1-Searcher's two stages) that follow the trainer's step.
+        evidence_model: the answer model of R-Search's evidence reward: ``"smollm2"`` or a local
+            transformers folder, of another family than the policy as in R-Search; ``None``: the evidence
+            F1 is skipped (scored 0).
+        max_new_tokens: agent tokens per episode.
+        max_context: tokens per episode, prompt and results included.
+        max_turns: searches per episode (``None``: the protocol's).
+        top_k: passages per search (``None``: the protocol's).
+    """
+
+    protocol: str = "search-r1"
+    reward: str | None = None
+    reward_stages: list[list] | None = None
+    evidence_model: str | None = None
+    max_new_tokens: int = 256
+    max_context: int = 2048
+    max_turns: int | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("env", self, "max_new_tokens", "max_context", "max_turns", "top_k")
+        if self.reward is not None and self.reward_stages is not None:
+            raise ValueError("give env.reward or env.reward_stages, not both")
+        if self.reward_stages is not None:
+            try:
+                self.reward_stages = [[int(start), str(preset)] for start, preset in self.reward_stages]
+            except (TypeError, ValueError):
+                raise ValueError(f"env.reward_stages must be [start_step, preset] pairs, got {self.reward_stages!r}") from None
+
+
+@dataclass
+class RolloutConfig:
+    """How a training step's episodes are played (the number of samples per question is the
+    algorithm's ``group_size``).
+
+    Attributes:
+        questions_per_step: distinct questions per rollout.
+        temperature: sampling temperature; log-probs are taken at this temperature.
+        top_p: nucleus sampling (1.0: off).
+        env_worker: step the training episodes in a forked worker process (Linux), handing each episode's
+            chunk over as it ends, so the environment and search run on another core while the policy
+            decodes the other episodes (:class:`search_env.worker.EnvWorker`); the episodes are the same.
+            Worth it when a core is free: it takes a second one.
+    """
+
+    questions_per_step: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    env_worker: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("rollout", self, "questions_per_step")
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class OptimConfig:
+    """The policy's optimiser (AdamW), its learning-rate schedule and the update's batching.
+
+    Warm-up is counted as the seed systems count it: in training steps (one rollout and its update),
+    whatever the number of optimiser steps each takes, or as a share of the run's steps.
+
+    Attributes:
+        learning_rate: AdamW's learning rate.
+        weight_decay: AdamW's weight decay.
+        adam_betas: AdamW's betas.
+        max_grad_norm: gradient-norm clipping (0: none).
+        warmup_steps: training steps of linear learning-rate warm-up (then constant).
+        warmup_ratio: the warm-up as a share of ``run.steps`` (verl's ``lr_warmup_steps_ratio``); use one of the two.
+        update_epochs: passes over each rollout.
+        mini_batch_size: rows per optimiser step (0: the whole rollout).
+        micro_batch_size: rows per forward pass (gradient accumulation; 0: the whole mini-batch).
+    """
+
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    update_epochs: int = 1
+    mini_batch_size: int = 0
+    micro_batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        _positive("optim", self, "update_epochs")
+        _positive("optim", self, "mini_batch_size", "micro_batch_size", zero_ok=True)
+        if not self.learning_rate > 0:
+            raise ValueError(f"optim.learning_rate must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ValueError(f"optim.weight_decay and optim.max_grad_norm must be >= 0, got {self.weight_decay}, {self.max_grad_norm}")
+        self.adam_betas = tuple(self.adam_betas)
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"optim.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        check_warmup(self.warmup_steps, self.warmup_ratio, "optim.warmup")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised cloning of scripted demonstrations before RL (:func:`agents.training.warm_start.warm_start`),
+    for a policy that cannot find the search-and-answer format by chance (a model trained from scratch).
+
+    Attributes:
+        steps: optimiser steps of the warm start (0: none).
+        copy_steps: steps of the copy warm-up before them (:mod:`agents.training.copy_warmup`): repeated
+            random strings teach a model trained from scratch to copy, which answering from results needs.
+        examples: demonstrations played for the warm start.
+        batch_size: demonstrations per step.
+        learning_rate: the warm start's peak learning rate (linear warm-up, then a cosine decay to 0).
+        second_hop_rate: share of multi-hop demonstrations that take the second hop (the rest answer
+            with the bridge entity: a systematic mistake for RL to correct).
+    """
+
+    steps: int = 0
+    copy_steps: int = 0
+    examples: int = 512
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    second_hop_rate: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("warm_start", self, "steps", "copy_steps", zero_ok=True)
+        _positive("warm_start", self, "examples", "batch_size")
+        if not self.learning_rate > 0:
+            raise ValueError(f"warm_start.learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.second_hop_rate <= 1:
+            raise ValueError(f"warm_start.second_hop_rate must be in [0, 1], got {self.second_hop_rate}")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation, greedy and sampled, before training, after the warm start, every ``every``
+    steps and at the end.
+
+    Attributes:
+        every: evaluate every this many steps (0: only before and after training).
+        questions: held-out questions per evaluation (0: no evaluation).
+        by_hops: also report each hop count of the held-out questions separately (synthetic questions
+            carry their hop count), as ``eval/<mode>/<n>-hop/<metric>``.
+    """
+
+    every: int = 0
+    questions: int = 64
+    by_hops: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("eval", self, "every", "questions", zero_ok=True)
+
+
+@dataclass
+class RunConfig:
+    """The run itself: length, seed, where it runs and what it writes.
+
+    Attributes:
+        steps: training steps (each one rollout and its update).
+        seed: seed of everything random in the run (model init, data order, sampling).
+        device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
+        backend: the training backend (``torch``; others as registered, see :mod:`agents.training.backend`).
+        num_threads: torch's CPU threads.
+        output_dir: where logs, curve, config, checkpoint and the trained policy go.
+        resume: continue the run whose checkpoint is in ``output_dir``, exactly where it stopped.
+        stop_after: end this invocation after this many steps in all (checkpointed; a later ``resume``
+            continues to ``steps``), e.g. to run in slices on a machine that is lent for a while.
+        save_every: write a checkpoint every this many steps (one is always written at the end; 0: only then).
+        log_every: write the step metrics every this many steps.
+        report_to: where metrics go besides ``metrics.jsonl``: ``tensorboard``, ``wandb`` (offline unless
+            ``WANDB_MODE`` says otherwise; needs the ``wandb`` package).
+        progress: a progress bar; ``None``: when stderr is a terminal (or ``$SEARCHQA_PROGRESS`` says).
+        log_entropy: log the policy's entropy on trained tokens (a softmax over the vocabulary per token of
+            each update; computed anyway when the algorithm's ``entropy_coef`` uses it).
+    """
+
+    steps: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    backend: str = "torch"
+    num_threads: int = 1
+    output_dir: str = "runs/latest"
+    resume: bool = False
+    stop_after: int | None = None
+    save_every: int = 0
+    log_every: int = 1
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    progress: bool | None = None
+    log_entropy: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("run", self, "steps", "num_threads", "log_every", "stop_after")
+        _positive("run", self, "save_every", zero_ok=True)
+        self.report_to = list(self.report_to)
+        unknown = sorted(set(self.report_to) - {"tensorboard", "wandb"})
+        if unknown:
+            raise ValueError(f"unknown run.report_to {', '.join(unknown)}; known: tensorboard, wandb")
+        if not self.output_dir:
+            raise ValueError("run.output_dir must be a folder path")
+        try:
+            import torch  # noqa: F401  (only to check the device string; parsing without torch skips it)
+        except ImportError:
+            return
+        try:
+            torch.device(self.device)
+        except RuntimeError as exc:
+            raise ValueError(f"run.device {self.device!r} is not a torch device: {' '.join(str(exc).split())}") from None
+
+
+#: The groups of :class:`TrainConfig` besides ``algorithm``, in the order ``--help`` shows them.
+GROUPS: dict[str, type] = {
+    "model": ModelConfig, "data": DataConfig, "env": EnvConfig, "rollout": RolloutConfig, "optim": OptimConfig,
+    "warm_start": WarmStartConfig, "eval": EvalConfig, "run": RunConfig,
+}
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs: the algorithm's name and config, and the groups above.
+
+    Build one in Python with the groups you change (the rest keep their defaults)::
+
+        TrainConfig("grpo", run=RunConfig(steps=50), algorithm=GRPOConfig(kl_coef=0.0))
+        config.updated({"run.steps": 10, "algorithm.clip_high": 0.28})
+
+    Attributes:
+        algo: the algorithm's registered name (``--algo``).
+        algorithm: its config; ``None`` takes the algorithm's defaults.
+    """
+
+    algo: str = "grpo"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    algorithm: AlgorithmConfig | None = None
+
+    def __post_init__(self) -> None:
+        from agents.learners.registry import lookup_algorithm
+
+        config_class = lookup_algorithm(self.algo).config_class
+        if self.algorithm is None:
+            self.algorithm = config_class()
+        elif not isinstance(self.algorithm, config_class):
+            raise ValueError(f"algo {self.algo!r} takes a {config_class.__name__}, got a {type(self.algorithm).__name__}")
+        for name, group_class in GROUPS.items():
+            if not isinstance(getattr(self, name), group_class):
+                raise ValueError(f"{name} must be a {group_class.__name__}, got {type(getattr(self, name)).__name__}")
+        self.validate()
+
+    def updated(self, changes: Mapping[str, Any]) -> TrainConfig:
+        """A copy with ``{"group.field": value}`` changes applied (``"algo"`` too, which resets the
+        algorithm's config to the new algorithm's defaults before its changes); every value is checked
+        as on construction.
+
+        Raises:
+            ValueError: a key names no group or field.
+        """
+        from agents.learners.registry import lookup_algorithm
+
+        algo = changes.get("algo", self.algo)
+        algorithm = self.algorithm if algo == self.algo else lookup_algorithm(algo).config_class()
+        current: dict[str, Any] = {**{name: getattr(self, name) for name in GROUPS}, "algorithm": algorithm}
+        edits: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            if key == "algo":
+                continue
+            group, _, name = key.partition(".")
+            if group not in current or name not in {f.name for f in dataclasses.fields(current[group])}:
+                raise ValueError(f"unknown config field {key!r}: use group.field with a group of {', '.join(current)}")
+            edits.setdefault(group, {})[name] = value
+        return TrainConfig(algo, **{group: dataclasses.replace(obj, **edits.get(group, {})) for group, obj in current.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, as a recipe or ``config.json`` holds them."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """The config that :meth:`as_dict` (or a recipe's mapping) describes; missing groups and fields
+        keep their defaults.
+
+        Raises:
+            ValueError: an unknown group or field.
+        """
+        values = dict(values)
+        algo = values.pop("algo", "grpo")
+        flat = {}
+        for group, fields in values.items():
+            if not isinstance(fields, Mapping):
+                raise ValueError(f"config group {group!r} must be a mapping of fields, got {fields!r}")
+            flat.update({f"{group}.{name}": value for name, value in fields.items()})
+        return cls(algo).updated(flat)
+
+    def validate(self) -> None:
+        """Checks that span groups (each group checks its own fields when built)."""
+        algorithm = self.algorithm
+        if getattr(algorithm, "overlong_buffer", 0) > self.env.max_new_tokens:
+            raise ValueError(f"algorithm.overlong_buffer must be in [0, env.max_new_tokens={self.env.max_new_tokens}], "
+                             f"got {algorithm.overlong_buffer}")
+        if self.run.stop_after is not None and self.run.stop_after > self.run.steps:
+            raise ValueError(f"run.stop_after ({self.run.stop_after}) is past run.steps ({self.run.steps})")

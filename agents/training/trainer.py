@@ -1,0 +1,567 @@
+"""One trainer for every algorithm and every backend: rollout -> reward -> advantages -> update.
+
+Each step:
+
+1. the environment's reward is told the step (scheduled rewards, e.g. R1-Searcher's two stages);
+2. ``rollout.questions_per_step`` questions (a seeded reshuffle of the dataset per epoch) are rolled out
+   ``algorithm.group_size`` times each with the policy's sampler;
+3. the trajectories become a :class:`~agents.rollout.batch.TrainBatch`; the algorithm may drop rows (DAPO's
+   dynamic sampling, which may roll out further questions to refill the batch) and shapes scores
+   itself (overlong punishment);
+4. with no gradient: the rollout policy's log-probs, the reference's (when KL is on) and the critic's
+   values (PPO). With one update pass of one optimiser step over the whole rollout and nothing in the
+   advantages that needs them (no critic, no KL in the reward), the rollout policy's log-probs are
+   those of the update's own forward pass, detached (ratio 1, the on-policy gradient), and the extra
+   pass is skipped;
+5. the algorithm's advantages; then ``optim.update_epochs`` passes over mini-batches, each split by the
+   backend into micro-batches whose losses are scaled by the mini-batch's global counts (reduced across
+   data-parallel ranks by the backend), so one optimiser step sees the full mini-batch gradient. Rows are ordered by length before the split, so
+   that a micro-batch, trimmed to its longest row, carries little padding (the result does not depend
+   on the split).
+
+Evaluation (greedy and sampled, on held-out questions) runs before training, after the optional
+warm start, every ``eval.every`` steps and at the end. Callbacks (:mod:`agents.training.callbacks`; the
+loggers are callbacks) run at each of these points. Checkpoints hold everything a step depends on -
+the backend's folder (weights, optimiser and schedule states), the global random generators, the data
+position, the step - so a run stopped after step k and resumed takes exactly the steps an uninterrupted
+run takes. At the end the policy is also written as a standard transformers model folder (``policy/``)
+that ``--model.name`` and any Hugging Face tool load. Samplers
+and mini-batch shuffles draw from generators seeded by (seed, step), so evaluating more or less often
+never changes what training does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from agents.learners import Algorithm
+from agents.policies.policy import HFPolicy
+from agents.rollout.agent import RolloutAgent
+from agents.rollout.batch import TrainBatch, build_batch
+from agents.rollout.collect import RolloutTimings, collect_rollouts
+from agents.rollout.hf_sampler import HFSampler
+from agents.training.backend import TrainingBackend
+from agents.training.callbacks import Callback
+from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from agents.training.config import TrainConfig
+from agents.training.evaluation import EvalResult, evaluate, format_table, reward_component_means, summarize
+from agents.training.loggers import CURVE_FILE, METRICS_FILE, loggers_for
+from search_env import BatchSearchQAEnv
+from search_env.console import progress
+from search_env.data.example import QAExample
+from search_env.trajectory import Trajectory
+from search_env.worker import EnvWorker
+
+__all__ = ["Trainer", "TrainResult", "QuestionOrder"]
+
+CHECKPOINT_FORMAT = 2
+#: Where checkpoints keep the backend's folder of each saved step, and where the trained policy goes.
+CHECKPOINTS_DIR, POLICY_DIR = "checkpoints", "policy"
+#: Names of the random streams derived from (seed, step); fixed so that runs stay reproducible.
+_STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
+
+AgentFactory = Callable[[bool, int], RolloutAgent]
+"""``factory(greedy, seed)``: the rollout agent for one rollout (greedy decoding or sampling, seeded)."""
+
+
+class QuestionOrder:
+    """The questions of each step: the dataset in a seeded random order, reshuffled every epoch.
+
+    The position (epoch, offset) is all the state there is, so a checkpoint stores two ints.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        if size < 1:
+            raise ValueError("the training set is empty")
+        self.size, self.seed = size, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size)
+
+    def take(self, k: int) -> list[int]:
+        """The next ``k`` question indices (crossing into the next epoch's order when needed)."""
+        out: list[int] = []
+        while len(out) < k:
+            if self.offset == self.size:
+                self.epoch, self.offset = self.epoch + 1, 0
+                self._order = self._permutation()
+            n = min(k - len(out), self.size - self.offset)
+            out += self._order[self.offset : self.offset + n].tolist()
+            self.offset += n
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._order = self._permutation()
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) :meth:`Trainer.train` call leaves.
+
+    Attributes:
+        step: completed steps.
+        steps: the steps the run was configured for.
+        algo: the algorithm's name.
+        evaluations: ``{stage: {mode: EvalResult}}`` for the stages ``"start"``, ``"warm start"`` (with a
+            warm start) and ``"final"`` (when the run reached its steps); modes are ``greedy`` and
+            ``sampled`` (and ``greedy 1-hop`` ... with ``eval.by_hops``).
+        output_dir / checkpoint_path / policy_dir: where the run's files, its checkpoint and the trained
+            policy (a transformers model folder) went; the logs and curve are in ``output_dir``.
+    """
+
+    step: int
+    steps: int
+    algo: str
+    evaluations: dict[str, dict[str, EvalResult]]
+    output_dir: Path
+    checkpoint_path: Path
+    policy_dir: Path
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.output_dir / METRICS_FILE
+
+    @property
+    def curve_path(self) -> Path:
+        return self.output_dir / CURVE_FILE
+
+    def report(self) -> str:
+        """The before/after table and where things are, as the command prints them."""
+        lines = [f"{self.algo}: {self.step} of {self.steps} steps"]
+        if self.evaluations:
+            lines += ["", format_table(self.evaluations), ""]
+        lines += [f"curve:       {self.curve_path}", f"metrics:     {self.metrics_path}",
+                  f"checkpoint:  {self.checkpoint_path}", f"policy:      {self.policy_dir}"]
+        return "\n".join(lines)
+
+
+class Trainer:
+    """Trains ``policy`` with ``algorithm`` on the episodes of ``env`` (see the module docstring).
+
+    Args:
+        config: the run's settings.
+        policy: the policy rollouts sample from; ``backend`` owns and updates it (``backend.policy``).
+        env: ``questions_per_step * group_size`` episodes side by side (or fewer: they run in waves).
+        algorithm: advantages and losses (:mod:`agents.learners`).
+        backend: models, optimisers, micro-batches and the optimiser step (:mod:`agents.training.backend`).
+        eval_env / eval_questions: held-out questions (indices into ``eval_env``'s dataset, or examples);
+            no evaluation without them.
+        agent_factory: builds the rollout agent (default: :class:`~agents.rollout.hf_sampler.HFSampler`
+            over the policy at the config's temperature and top-p); another rollout engine plugs in here.
+        callbacks: run besides the loggers ``run.report_to`` asks for (:mod:`agents.training.callbacks`).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        policy: HFPolicy,
+        env: BatchSearchQAEnv,
+        algorithm: Algorithm,
+        backend: TrainingBackend,
+        *,
+        eval_env: BatchSearchQAEnv | None = None,
+        eval_questions: Sequence[int | QAExample] = (),
+        agent_factory: AgentFactory | None = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> None:
+        if backend.policy is not policy:
+            raise ValueError("the backend must own the policy the trainer samples from (backend.policy is not policy)")
+        self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
+        self.eval_env, self.eval_questions = eval_env, list(eval_questions)
+        self.agent_factory = agent_factory or self._sampler
+        self.callbacks: list[Callback] = [*loggers_for(config.run.report_to), *callbacks]
+        self.order = QuestionOrder(len(env.envs[0].examples), config.run.seed)
+        self.step = 0
+        self.evaluations: dict[str, dict[str, EvalResult]] = {}
+        self.stage_steps: dict[str, int] = {}
+        self.output_dir = Path(config.run.output_dir)
+        self.checkpoint_path = self.output_dir / CHECKPOINT_FILE
+        self.stop_requested = False
+        self.resumed = False
+        #: Compute the policy's entropy in updates to log it, even when the loss does not use it.
+        self.log_entropy = config.run.log_entropy
+        self._worker: EnvWorker | None = None
+        if config.run.resume:
+            self.load(self.checkpoint_path)
+
+    # -- the run ------------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        """Run to ``run.steps`` (or stop after ``run.stop_after``, at Ctrl-C after the current step, or when
+        a callback sets ``stop_requested``); a trainer that loaded a checkpoint (``run.resume``, or
+        :meth:`load`) continues it.
+
+        A fresh run evaluates first, then warm-starts (``warm_start.steps > 0``) and evaluates again. A
+        checkpoint is written every ``run.save_every`` steps and when the call returns; a run that reached
+        its last step is evaluated there (``"final"``) and leaves its policy as a model folder.
+        """
+        run = self.config.run
+        try:
+            self._call("on_run_start")
+            if not self.resumed:
+                self._write_config()
+                self._evaluate_stage("start")
+                if self.config.warm_start.steps > 0:
+                    self._evaluate_stage("warm start", self._warm_start())
+            last = run.steps if run.stop_after is None else min(run.steps, run.stop_after)
+            with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress, unit="step") as bar:
+                while self.step < last and not self.stop_requested:
+                    metrics = self.train_step()
+                    evaluated = self.config.eval.every > 0 and self.step % self.config.eval.every == 0 and self.step < run.steps
+                    if evaluated:
+                        metrics.update(self._evaluation_metrics(self.run_evaluation()))
+                    if evaluated or self.step % run.log_every == 0 or self.step == last:
+                        self._call("on_log", self.step, metrics)
+                    if run.save_every > 0 and self.step % run.save_every == 0:
+                        self.save(self.checkpoint_path)
+                    bar.update(1)
+                    if hasattr(bar, "set_postfix"):  # a drawn bar (the silent stand-in has no postfix)
+                        bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
+            if self.step >= run.steps and self._final_step != self.step:
+                self._evaluate_stage("final")
+            self.save(self.checkpoint_path)
+            policy_dir = self.output_dir / POLICY_DIR
+            if self.step >= run.steps:
+                self.export_policy(policy_dir)
+            result = TrainResult(self.step, run.steps, self.config.algo, dict(self.evaluations), self.output_dir,
+                                 self.checkpoint_path, policy_dir)
+            self._call("on_run_end", result)
+            return result
+        finally:
+            self.close()
+
+    @property
+    def _final_step(self) -> int | None:
+        """The step the ``"final"`` evaluation was taken at (``None``: none yet); a resumed run that goes
+        past it is evaluated again at its own last step."""
+        return self.stage_steps.get("final")
+
+    def close(self) -> None:
+        """Stop the environment worker (``rollout.env_worker``), if one runs; a later step starts another."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def close_environments(self) -> None:
+        """Close the worker and the training and held-out environments (their sources' threads)."""
+        self.close()
+        self.env.close()
+        if self.eval_env is not None:
+            self.eval_env.close()
+
+    def export_policy(self, directory: str | Path) -> Path:
+        """Write the policy as a standard transformers model folder (weights, config, tokenizer)."""
+        return self.policy.save_pretrained(directory)
+
+    def rollout_env(self) -> BatchSearchQAEnv | EnvWorker:
+        """What training rollouts step: ``env`` itself, or with ``rollout.env_worker`` a worker process
+        serving it (:class:`~search_env.worker.EnvWorker`), forked at the first rollout."""
+        if not self.config.rollout.env_worker:
+            return self.env
+        if self._worker is None:
+            self._worker = EnvWorker(self.env)
+        return self._worker
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout and update; returns the step's metrics and advances ``self.step``."""
+        started = time.perf_counter()
+        self.rollout_env().set_reward_step(self.step)
+        trajectories, batch, timings, rounds = self._rollout_batch()
+        self._call("on_rollout", trajectories)
+        batch = batch.select(_by_length(batch, torch.arange(len(batch))))
+        update_started = time.perf_counter()
+        stats: dict[str, float] = {"rows": float(len(batch)), "rollout_rounds": float(rounds)}
+        if len(batch) and batch.trained_mask.any():
+            batch = _to_device(batch, self.backend.device)
+            self._score(batch)
+            stats.update(self.algorithm.compute_advantages(batch))
+            stats.update(self._update(batch))
+        self.backend.finish_step()
+        if "kl_reward" in stats:  # KL to the reference, however it was applied, is logged as "kl"
+            stats["kl"] = stats.pop("kl_reward")
+        now = time.perf_counter()
+        agent_tokens = sum(int(t.agent_mask.sum()) for t in trajectories)
+        metrics = {
+            **summarize(trajectories).as_dict(),
+            **{f"reward/{k}": v for k, v in reward_component_means(trajectories).items()},
+            **stats,
+            "lr": self.backend.learning_rate,
+            "tokens_per_s": agent_tokens / max(now - started, 1e-9),
+            "time/generation": timings.generation_s,
+            "time/env": timings.env_s,
+            "time/search": timings.search_s,
+            "time/env_worker": timings.worker_s,
+            "time/rollout": timings.total_s,
+            "time/update": now - update_started,
+            "time/step": now - started,
+        }
+        self.step += 1
+        self._call("on_update", metrics)
+        return metrics
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
+
+    # -- pieces of a step ---------------------------------------------------------------------------
+    def _rollout_batch(self) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
+        """Roll out ``questions_per_step`` questions and keep the rows the algorithm keeps; while fewer than
+        ``questions_per_step`` groups are kept, roll out further questions, up to the algorithm's
+        ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept.
+        Returns every episode rolled out, the batch, the summed timings and the rounds taken."""
+        wanted = self.config.rollout.questions_per_step
+        pad = self.policy.codec.pad_id
+        trajectories: list[Trajectory] = []
+        kept: list[TrainBatch] = []
+        groups: list[str] = []  # the kept groups' ids, in order
+        timings = RolloutTimings()
+        for round_ in range(self.algorithm.rollout_rounds):
+            # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
+            seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
+            rollout = collect_rollouts(self.agent_factory(False, seed), self.rollout_env(), self.order.take(wanted),
+                                       group_size=self.config.algorithm.group_size)
+            trajectories += rollout.trajectories
+            timings.add(rollout.timings)
+            batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad))
+            kept.append(batch)
+            groups += [g for g in dict.fromkeys(batch.group_ids) if g not in groups]
+            if len(groups) >= wanted:
+                break
+        if len(kept) == 1 or not groups:  # one rollout's questions are at most ``wanted`` groups
+            return trajectories, kept[0], timings, len(kept)
+        chosen = set(groups[:wanted])
+        rows = [(t, g) for b in kept for t, g in zip(b.trajectories, b.group_ids) if g in chosen]
+        batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad)
+        return trajectories, batch, timings, len(kept)
+
+    @torch.no_grad()
+    def _score(self, batch: TrainBatch) -> None:
+        """Fill the rollout policy's log-probs, the reference's and the critic's values, micro-batch by micro-batch."""
+        self.backend.eval()
+        rows, width = batch.input_ids.shape
+        zeros = batch.input_ids.new_zeros((rows, width), dtype=torch.float32)
+        old = None if self._old_logprobs_from_update(rows) else zeros.clone()
+        ref = zeros.clone() if self.algorithm.uses_reference else None
+        values = zeros.clone() if self.algorithm.uses_critic else None
+        start = 0
+        for mb in self.backend.micro_batches(batch):
+            n, t = mb.input_ids.shape
+            if old is not None:
+                out = self.backend.forward(mb, with_values=self.algorithm.uses_critic)
+                old[start : start + n, :t] = out.logprobs
+                if values is not None:
+                    values[start : start + n, :t] = out.values
+            if ref is not None:
+                ref[start : start + n, :t] = self.backend.reference_logprobs(mb)
+            start += n
+        batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
+
+    def _old_logprobs_from_update(self, rows: int) -> bool:
+        """Whether the update's own forward pass can give the rollout policy's log-probs: one pass of
+        one optimiser step over all ``rows`` (the policy has not moved when it runs), and neither a
+        critic nor a KL reward that needs them before the advantages."""
+        optim = self.config.optim
+        one_step = optim.update_epochs == 1 and not 0 < optim.mini_batch_size < rows
+        kl_in_reward = self.algorithm.uses_reference and self.config.algorithm.kl_in_reward
+        return one_step and not self.algorithm.uses_critic and not kl_in_reward
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        """``update_epochs`` passes of mini-batch optimiser steps; the mean of each statistic over steps."""
+        optim = self.config.optim
+        rows = len(batch)
+        size = optim.mini_batch_size if 0 < optim.mini_batch_size < rows else rows
+        shuffle = torch.Generator().manual_seed(self._seed("shuffle"))
+        separate_critic = self.algorithm.uses_critic and not self.algorithm.value_head
+        totals: dict[str, float] = defaultdict(float)
+        steps = 0
+        self.backend.train()
+        with_entropy = self.algorithm.needs_entropy or self.log_entropy
+        for _ in range(optim.update_epochs):
+            order = torch.randperm(rows, generator=shuffle) if size < rows else torch.arange(rows)
+            for begin in range(0, rows, size):
+                mini = batch.select(_by_length(batch, order[begin : begin + size]))
+                counts = self.backend.reduce_counts(self.algorithm.counts(mini))
+                for mb in self.backend.micro_batches(mini):
+                    out = self.backend.forward(mb, with_entropy=with_entropy, with_values=self.algorithm.uses_critic)
+                    if mb.old_logprobs is None:  # the policy has not moved since the rollout (see _score)
+                        mb = dataclasses.replace(mb, old_logprobs=out.logprobs.detach())
+                    loss, mb_stats = self.algorithm.loss(mb, out, counts)
+                    if separate_critic:
+                        critic_loss, critic_stats = self.algorithm.critic_loss(mb, out.values, counts)
+                        loss = loss + critic_loss
+                        mb_stats = {**mb_stats, **critic_stats}
+                    self.backend.backward(loss)
+                    for key, value in mb_stats.items():  # additive shares of the mini-batch's statistic
+                        totals[key] += value
+                totals["grad_norm"] += self.backend.step()
+                steps += 1
+        return {key: value / steps for key, value in totals.items()}
+
+    def _sampler(self, greedy: bool, seed: int) -> RolloutAgent:
+        rollout = self.config.rollout
+        return HFSampler(self.policy, temperature=rollout.temperature, top_p=rollout.top_p, greedy=greedy, seed=seed)
+
+    def _seed(self, stream: str, *more: int) -> int:
+        """A seed for ``stream`` at the current step (and ``more``, e.g. a rollout round), from the run's
+        seed (independent of other streams)."""
+        return int(np.random.SeedSequence([self.config.run.seed, _STREAMS[stream], self.step, *more]).generate_state(1)[0])
+
+    def _warm_start(self) -> dict[str, float]:
+        """Clone scripted demonstrations into the policy (:func:`agents.training.warm_start.warm_start`); the reference
+        becomes the warm-started policy. Returns the warm start's statistics."""
+        from agents.training.warm_start import warm_start
+
+        result = warm_start(self.backend, self.config, self.env)
+        self.backend.reset_reference()
+        return result.as_dict()
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    def run_evaluation(self) -> dict[str, EvalResult]:
+        """Greedy and sampled episodes of the current policy on the held-out questions (the eval env's
+        reward follows the step too); with ``eval.by_hops``, each hop count's questions (up to
+        ``eval.questions`` of each) are also reported on their own as ``"greedy 1-hop"`` ...."""
+        if self.eval_env is None or not self.eval_questions:
+            return {}
+        self.eval_env.set_reward_step(self.step)
+        seed = self._seed("eval")
+        results: dict[str, EvalResult] = {}
+        for mode in ("greedy", "sampled"):
+            if not self.config.eval.by_hops:
+                results[mode] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, self.eval_questions)[0]
+                continue
+            for hops, questions in self._questions_by_hops().items():
+                results[f"{mode} {hops}-hop"] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, questions)[0]
+        self._call("on_evaluation", None, results)
+        return results
+
+    def _questions_by_hops(self) -> dict[int, list[int | QAExample]]:
+        """The held-out questions by hop count (``metadata["hops"]``), the first ``eval.questions`` of each."""
+        examples = self.eval_env.envs[0].examples
+        by_hops: dict[int, list[int | QAExample]] = {}
+        for question in self.eval_questions:
+            example = examples[question] if isinstance(question, int) else question
+            hops = int(example.metadata.get("hops", 0))
+            if len(by_hops.setdefault(hops, [])) < self.config.eval.questions:
+                by_hops[hops].append(question)
+        return dict(sorted(by_hops.items()))
+
+    def _evaluate_stage(self, stage: str, extra: dict[str, float] | None = None) -> None:
+        """Evaluate, keep the result for the before/after table, and log it (with ``extra``) at this step."""
+        results = self.run_evaluation()
+        if results:
+            self.evaluations[stage] = results
+            self.stage_steps[stage] = self.step
+            self._call("on_evaluation", stage, results)
+        if results or extra:
+            self._call("on_log", self.step, {"stage": stage, **(extra or {}), **self._evaluation_metrics(results)})
+
+    @staticmethod
+    def _evaluation_metrics(results: dict[str, EvalResult]) -> dict[str, float]:
+        return {k: v for mode, r in results.items() for k, v in r.as_dict(f"eval/{mode.replace(' ', '/')}/").items()}
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next step depends on besides the backend's folder (see the module docstring)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "algo": self.config.algo,
+            "step": self.step,
+            "rng": capture_rng(),
+            "data": self.order.state_dict(),
+            "evaluations": {stage: {mode: dataclasses.asdict(r) for mode, r in by_mode.items()}
+                            for stage, by_mode in self.evaluations.items()},
+            "stage_steps": dict(self.stage_steps),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
+        if state["algo"] != self.config.algo:
+            raise ValueError(f"the checkpoint was trained with {state['algo']!r}, not {self.config.algo!r}")
+        self.order.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        self.evaluations = {stage: {mode: EvalResult(**r) for mode, r in by_mode.items()}
+                            for stage, by_mode in state["evaluations"].items()}
+        self.stage_steps = {stage: int(step) for stage, step in state["stage_steps"].items()}
+        restore_rng(state["rng"])
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint: the backend saves itself into a new folder ``checkpoints/step-N`` beside
+        ``path``, then ``path`` (the trainer's state, naming that folder) is replaced atomically
+        (:func:`agents.training.checkpoint.save_checkpoint`) and older step folders are removed, so a
+        crash at any point leaves a complete checkpoint."""
+        path = Path(path)
+        folder = path.parent / CHECKPOINTS_DIR / f"step-{self.step}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        self.backend.save(folder)
+        save_checkpoint(path, {**self.state_dict(), "backend_dir": str(folder.relative_to(path.parent))})
+        for old in folder.parent.iterdir():
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        self._call("on_checkpoint", path)
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Continue from a checkpoint written by :meth:`save` (the next :meth:`train` resumes the run)."""
+        path = Path(path)
+        state = load_checkpoint(path)
+        self.backend.load(path.parent / state["backend_dir"])
+        self.load_state_dict(state)
+        self.resumed = True
+
+    def _write_config(self) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.json").write_text(json.dumps(self.config.as_dict(), indent=2) + "\n")
+
+    # -- interruption -------------------------------------------------------------------------------
+    @contextmanager
+    def _stop_on_interrupt(self) -> Iterator[None]:
+        """A first Ctrl-C finishes the current step, checkpoints and returns; a second one aborts."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handle(signum: int, frame: Any) -> None:
+            self.stop_requested = True
+            signal.signal(signal.SIGINT, previous)
+            print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
+
+        signal.signal(signal.SIGINT, handle)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _by_length(batch: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` ordered by their number of tokens (ties keep their order)."""
+    lengths = batch.attention_mask[rows].sum(dim=1).cpu()
+    return rows[torch.argsort(lengths, stable=True)]
+
+
+def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """The batch with its tensors on ``device`` (the same object's fields when they are there already)."""
+    changes = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
+               if isinstance(getattr(batch, f.name), torch.Tensor) and getattr(batch, f.name).device != device}
+    return dataclasses.replace(batch, **changes) if changes else batch

@@ -1,0 +1,200 @@
+"""Supervised warm start: behaviour cloning of scripted demonstrations before reinforcement learning.
+
+A policy trained from scratch (the tiny demo model) cannot find the search-and-answer format by chance,
+so RL starts from a policy cloned from :mod:`agents.scripted.demonstrations`. The loss is the cross-entropy of
+the demonstration's *trained* tokens only (the agent's calls and answer; the prompt and the search
+results the environment wrote carry none), averaged over those tokens, exactly the tokens and mask the
+learner will later train on.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from agents.policies.policy import HFPolicy
+from agents.rollout.batch import TrainBatch, build_batch
+from agents.scripted.demonstrations import Demonstrations, make_demonstrations
+from agents.training.backend import TrainingBackend
+from agents.training.config import TrainConfig
+from agents.training.copy_warmup import copy_warmup
+from search_env.data.example import QAExample
+
+__all__ = ["SFTResult", "warm_start", "sft_loss", "trained_token_logprobs"]
+
+#: Share of the steps over which the learning rate warms up linearly (then it decays on a cosine to 0).
+WARMUP_FRACTION = 0.05
+
+
+@dataclass
+class SFTResult:
+    """What a warm start did.
+
+    Attributes:
+        losses: the loss of every step (mean cross-entropy per trained token).
+        copy_losses: the loss of every copy warm-up step before it (:mod:`agents.training.copy_warmup`; empty: none).
+        demonstrations: the demonstrations it cloned.
+        seconds: wall time of the optimisation (demonstrations and copy warm-up excluded).
+        trained_tokens_per_s: trained (loss-carrying) tokens processed per second.
+    """
+
+    losses: list[float]
+    demonstrations: Demonstrations
+    seconds: float
+    trained_tokens_per_s: float
+    copy_losses: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, float]:
+        """Scalars for logs: first and last loss, the demonstrations' make-up, speed."""
+        demos = self.demonstrations
+        return {
+            "sft/loss_first": self.losses[0] if self.losses else float("nan"),
+            "sft/loss_last": self.losses[-1] if self.losses else float("nan"),
+            "sft/steps": float(len(self.losses)),
+            "sft/demonstrations": float(len(demos.trajectories)),
+            "sft/demo_second_hop_share": demos.second_hop_share,
+            "sft/demo_reward": demos.mean_reward,
+            "sft/seconds": self.seconds,
+            "sft/trained_tokens_per_s": self.trained_tokens_per_s,
+            "sft/copy_loss_last": self.copy_losses[-1] if self.copy_losses else float("nan"),
+        }
+
+
+def sft_loss(logprobs: torch.Tensor, trained_mask: torch.Tensor, total_trained: float) -> torch.Tensor:
+    """Negative log-likelihood of the trained tokens, summed and divided by ``total_trained``, the trained
+    tokens of the whole batch (so micro-batch losses add up to the batch's per-token mean)."""
+    return -(logprobs * trained_mask).sum() / total_trained
+
+
+def warm_start(
+    backend: TrainingBackend,
+    config: TrainConfig,
+    env: Any,
+    examples: Sequence[QAExample] | None = None,
+) -> SFTResult:
+    """Clone ``warm_start.examples`` demonstrations into ``backend.policy`` with ``warm_start.steps``
+    optimiser steps of the backend (:meth:`~agents.training.backend.TrainingBackend.supervised`: a fresh
+    AdamW of its own, the backend's gradient clipping and non-finite-gradient guard).
+
+    Demonstrations are played in ``env`` (a :class:`~search_env.SearchQAEnv` or a
+    :class:`~search_env.BatchSearchQAEnv`, whose first environment is used) on ``examples`` (default: the
+    environment's dataset); a multi-hop one takes its second hop with probability
+    ``warm_start.second_hop_rate``. First, when ``warm_start.copy_steps`` > 0, the copy warm-up
+    (:func:`agents.training.copy_warmup.copy_warmup`) on strings of the demonstrations' own ids
+    (end-of-sequence and padding left out). Each step takes ``warm_start.batch_size`` demonstrations
+    (seeded reshuffles, epoch by epoch), ordered by length and split into micro-batches of
+    ``optim.micro_batch_size`` rows, each trimmed to its longest row (the same gradient with less
+    padding); the learning rate ``warm_start.learning_rate`` warms up over the first steps and decays on a
+    cosine. Shows a progress bar as ``run.progress`` says.
+    """
+    options = config.warm_start
+    if options.steps < 1:
+        raise ValueError(f"warm_start.steps must be >= 1 for a warm start, got {options.steps}")
+    policy, seed = backend.policy, config.run.seed
+    single = env.envs[0] if hasattr(env, "envs") else env
+    demos = make_demonstrations(
+        single, single.examples if examples is None else examples, options.examples,
+        second_hop_rate=options.second_hop_rate, seed=seed,
+    )
+    trajectories = demos.trajectories
+    copy_losses: list[float] = []
+    if options.copy_steps > 0:
+        left_out = {*policy.codec.eos_ids, policy.codec.pad_id}
+        pool = {i for t in trajectories for i in t.token_ids} - left_out
+        copy_losses = copy_warmup(backend, pool, options.copy_steps, lr=options.learning_rate, seed=seed)
+    device = backend.device
+    warmup = max(1, round(WARMUP_FRACTION * options.steps))
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    losses: list[float] = []
+    trained_tokens = 0
+    was_training = policy.training
+    policy.eval()
+    score = _scorer(policy, build_batch(trajectories[:2], ["a", "b"], policy.codec.pad_id), device)
+    policy.train()
+    started = time.perf_counter()
+    adamw = {"betas": tuple(config.optim.adam_betas), "weight_decay": config.optim.weight_decay}
+    try:
+        with backend.supervised(options.learning_rate, lambda s: _lr_factor(s, warmup, options.steps), **adamw):
+            for _ in _steps(config):
+                while len(order) < options.batch_size:
+                    order += torch.randperm(len(trajectories), generator=generator).tolist()
+                rows, order = order[: options.batch_size], order[options.batch_size :]
+                # Ordered by length, so that each micro-batch is trimmed to its own longest row (same gradient).
+                picked = sorted((trajectories[i] for i in rows), key=lambda t: len(t.token_ids))
+                batch = build_batch(picked, [t.example_id for t in picked], policy.codec.pad_id)
+                total = float(batch.trained_mask.sum())
+                if total == 0:
+                    raise ValueError("the demonstrations hold no trained tokens")
+                loss_value = 0.0
+                for mb in batch.micro_batches(max(config.optim.micro_batch_size, 1)):
+                    mb_trained = mb.trained_mask.to(device)
+                    logprobs = score(mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb_trained)
+                    loss = sft_loss(logprobs, mb_trained, total)
+                    backend.backward(loss)
+                    loss_value += loss.item()
+                backend.step()
+                losses.append(loss_value)
+                trained_tokens += int(total)
+    finally:
+        policy.train(was_training)
+    seconds = time.perf_counter() - started
+    return SFTResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9), copy_losses)
+
+
+Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def trained_token_logprobs(policy: HFPolicy, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           position_ids: torch.Tensor, trained_mask: torch.Tensor) -> torch.Tensor:
+    """Token-aligned log-probs (temperature 1) at the trained positions, 0 elsewhere, with the LM head
+    applied only where a trained token is predicted.
+
+    The head and its softmax over the vocabulary cost as much as the whole body of a tiny model and are
+    needed at a few positions of a demonstration (its calls and answer, not the results); this assumes
+    the model's logits are its output embedding applied to the last hidden state (Llama, Qwen2, SmolLM2).
+    """
+    hidden = policy.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     use_cache=False).last_hidden_state
+    want = trained_mask[:, 1:].bool()
+    logits = policy.model.get_output_embeddings()(hidden[:, :-1][want])[:, : policy.vocab_size].float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:][want][:, None]).squeeze(-1)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    out[:, 1:][want] = picked
+    return out
+
+
+def _scorer(policy: HFPolicy, probe: TrainBatch, device: torch.device) -> Scorer:
+    """:func:`trained_token_logprobs` when it agrees with the policy's own forward pass on ``probe`` (a
+    model whose logits are the output embedding of the last hidden state), else the policy's forward."""
+
+    def full(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return policy(ids, mask, positions).logprobs
+
+    def fast(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return trained_token_logprobs(policy, ids, mask, positions, trained)
+
+    args = [probe.input_ids.to(device), probe.attention_mask.to(device), probe.position_ids.to(device),
+            probe.trained_mask.to(device)]
+    with torch.no_grad():
+        reference, quick = full(*args), fast(*args)
+    on = args[3].bool()
+    return fast if torch.allclose(reference[on], quick[on], atol=1e-4) else full
+
+
+def _lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up to 1 over ``warmup`` steps, then a cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * min((step - warmup) / max(total - warmup, 1), 1.0)))
+
+
+def _steps(config: TrainConfig):
+    from tqdm.auto import tqdm
+
+    show = sys.stderr.isatty() if config.run.progress is None else config.run.progress
+    return tqdm(range(config.warm_start.steps), desc="warm start", unit="step", disable=not show, dynamic_ncols=True)

@@ -1,0 +1,84 @@
+"""The demo task: a compact Search-R1 dialect and a large world of chain questions."""
+import pytest
+
+from agents.demo_task import COMPACT_SEARCH_R1, demo_world, light_stem
+from agents.scripted.agents import OracleAgent, run_episode
+from search_env import SearchQAEnv, get_protocol
+from search_env.synthetic import generate_world
+
+
+def test_compact_protocol_keeps_search_r1s_tags_and_reward():
+    base = get_protocol("search-r1")
+    assert get_protocol("search-r1-compact") is COMPACT_SEARCH_R1
+    for attr in ("call_open", "call_close", "answer_open", "answer_close", "result_open", "result_close", "reward", "stop_strings"):
+        assert getattr(COMPACT_SEARCH_R1, attr) == getattr(base, attr)
+    assert COMPACT_SEARCH_R1.plain_prompt("Where was Ann born") == "Question: Where was Ann born?\n"
+
+
+def test_compact_episodes_are_shorter_and_still_solved():
+    world = generate_world(seed=2, n_questions=60)
+    lengths = {}
+    for protocol in ("search-r1", COMPACT_SEARCH_R1):
+        env = SearchQAEnv(protocol=protocol, world_seed=2, world_size=60)
+        trajs = [run_episode(env, OracleAgent(), options={"index": i}) for i, ex in enumerate(world.questions)
+                 if ex.metadata["type"] == "chain"]
+        assert all(t.reward == 1.0 for t in trajs)
+        lengths[env.protocol.name] = sum(len(t.token_ids) for t in trajs) / len(trajs)
+        if protocol is COMPACT_SEARCH_R1:
+            text = env.codec.decode(trajs[0].token_ids)
+            assert "Doc 1" not in text and "Title:" not in text and "<information>" in text
+    assert lengths["search-r1-compact"] < 0.6 * lengths["search-r1"]
+
+
+def test_demo_world_has_chain_questions_and_scaled_entities():
+    small, small_sources = demo_world(3, 200, scale=1)
+    big, sources = demo_world(3, 200, scale=4)
+    assert {ex.metadata["type"] for ex in big} == {"chain"}
+    assert {ex.metadata["hops"] for ex in big} == {1, 2}
+    assert set(sources) == {"wiki", "news", "papers", "all"}
+    # Every entity has one passage per source that states its facts: 4x the entities, 4x the passages.
+    assert len(sources["all"]) == 4 * len(small_sources["all"])
+    assert len(sources["all"]) == sum(len(sources[name]) for name in ("wiki", "news", "papers"))
+    with pytest.raises(ValueError, match="scale"):
+        demo_world(3, 10, scale=0)
+
+
+def test_light_stem_matches_question_verbs_to_passage_verbs():
+    assert [light_stem(w) for w in ("studied", "study", "works", "work", "publishes", "published", "cities")] == [
+        "study", "study", "work", "work", "publish", "publish", "city"]
+    assert light_stem("is") == "is" and light_stem("Kouze") == "Kouze"
+
+
+def test_demo_world_retrieves_every_gold_passage_in_the_compact_top_k():
+    """With stemming, the oracle's sub-questions find the passage that answers them among the compact
+    protocol's top-2 results, for every relation of the world, and nearly always first (without it, BM25
+    ties a person's passages and about a quarter of a demo world's lookups put the answer second or third;
+    with it, only a few "In which country is <city>?" lookups rank another passage naming the city first)."""
+    examples, sources = demo_world(5, 300, scale=2)
+    env = SearchQAEnv(protocol=COMPACT_SEARCH_R1, dataset=examples, sources=sources)
+    relations = set()
+    first = []
+    for i, ex in enumerate(examples):
+        traj = run_episode(env, OracleAgent(), options={"index": i})
+        for call, gold, relation in zip(traj.tool_calls, ex.gold_passage_ids, ex.metadata["relations"]):
+            assert gold in call.passage_ids and len(call.passage_ids) == 2, (relation, call.content)
+            first.append(call.passage_ids[0] == gold)
+            relations.add(relation)
+    assert len(relations) == 16
+    assert sum(first) >= 0.95 * len(first)
+
+
+def test_a_held_out_demo_world_uses_none_of_the_training_worlds_words():
+    from search_env.synthetic.names import invented_words
+
+    def words(examples):
+        return {w for ex in examples for w in ex.question.replace("?", "").split() if w[:1].isupper()}
+
+    train, _ = demo_world(3, 400, scale=4)
+    held, _ = demo_world(4, 400, scale=4, held_out_from=3)
+    shared, _ = demo_world(4, 400, scale=4)
+    frame = {"In", "What", "Which", "Who", "Where", "When", "How", "University", "Institute", "Journal", "Studies",
+             "Review", "Letters", "Annals", "Corp", "Labs", "Works", "Group", "Systems", "Holdings"}
+    assert (words(shared) & words(train)) - frame  # without it, two-token stems repeat across worlds
+    assert not (words(held) & words(train)) - frame
+    assert invented_words("Zrolxo Systems", "company") == {"Zrolxo"}

@@ -1,0 +1,107 @@
+"""The supervised warm start: masked cross-entropy on the demonstrations' trained tokens."""
+import math
+
+import pytest
+
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+
+from agents.training.config import TrainConfig  # noqa: E402
+from agents.scripted.demonstrations import make_demonstrations  # noqa: E402
+from agents.policies.loading import tiny_causal_lm  # noqa: E402
+from agents.policies.policy import HFPolicy  # noqa: E402
+from agents.rollout.batch import build_batch  # noqa: E402
+from agents.training.warm_start import _lr_factor, sft_loss, trained_token_logprobs, warm_start  # noqa: E402
+from search_env import SearchQAEnv  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def env():
+    return SearchQAEnv(protocol="search-r1", world_seed=4, world_size=120)
+
+
+def _policy(env, seed=0):
+    codec = env.codec
+    return HFPolicy(tiny_causal_lm(codec.vocab_size, layers=1, hidden=32, heads=2, seed=seed), codec)
+
+
+def test_loss_is_the_mean_negative_log_prob_of_trained_tokens():
+    logprobs = torch.tensor([[0.0, -1.0, -2.0, -3.0], [0.0, -0.5, -4.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+    loss = sft_loss(logprobs, mask, total_trained=3.0)
+    assert loss.item() == pytest.approx((1.0 + 3.0 + 0.5) / 3)
+    loss.backward()
+    # Only trained tokens get a gradient, each -1/3.
+    assert torch.equal(logprobs.grad, -mask / 3.0)
+
+
+def test_environment_tokens_carry_no_loss(env):
+    """The batch's trained mask is 0 on the prompt and on the search results, and the loss does not
+    change when the observation tokens' log-probs do."""
+    demos = make_demonstrations(env, env.examples, 6, second_hop_rate=1.0, seed=0)
+    batch = build_batch(demos.trajectories, [t.example_id for t in demos.trajectories], env.codec.pad_id)
+    for b, traj in enumerate(demos.trajectories):
+        env_positions = [t for t, p in enumerate(traj.producers) if p == 0]
+        assert len(env_positions) > traj.prompt_length  # results were inserted
+        assert batch.trained_mask[b, env_positions].sum() == 0
+    policy = _policy(env)
+    logprobs = policy(batch.input_ids, batch.attention_mask, batch.position_ids).logprobs
+    total = float(batch.trained_mask.sum())
+    shuffled = torch.where(batch.trained_mask.bool(), logprobs, torch.randn_like(logprobs) * 10)
+    assert sft_loss(logprobs, batch.trained_mask, total).item() == pytest.approx(sft_loss(shuffled, batch.trained_mask, total).item())
+
+
+def test_learning_rate_warms_up_then_decays_on_a_cosine():
+    assert _lr_factor(0, 4, 20) == pytest.approx(0.25)
+    assert _lr_factor(3, 4, 20) == pytest.approx(1.0)
+    assert _lr_factor(4, 4, 20) == pytest.approx(1.0)
+    assert _lr_factor(12, 4, 20) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert _lr_factor(20, 4, 20) == pytest.approx(0.0)
+
+
+def test_warm_start_lowers_the_loss_and_is_seeded(env):
+    config = TrainConfig(sft_steps=25, sft_examples=48, sft_lr=1e-2, sft_second_hop_rate=0.5, micro_batch_size=4, progress=False)
+    torch.manual_seed(0)
+    policy = _policy(env)
+    result = warm_start(policy, config, env, batch_size=8)
+    assert len(result.losses) == 25
+    assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 2.0  # nats per trained token
+    stats = result.as_dict()
+    assert stats["sft/demonstrations"] == 48 and stats["sft/loss_last"] == result.losses[-1]
+    again = _policy(env)
+    warm_start(again, config, env, batch_size=8)
+    for p, q in zip(policy.parameters(), again.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_micro_batches_give_the_full_batch_step(env):
+    """Splitting a step's demonstrations into micro-batches gives the same update (losses are divided by
+    the whole batch's trained tokens)."""
+    results = []
+    for micro in (8, 3):
+        policy = _policy(env, seed=1)
+        config = TrainConfig(sft_steps=1, sft_examples=8, sft_lr=1e-3, micro_batch_size=micro, progress=False)
+        out = warm_start(policy, config, env, batch_size=8)
+        results.append((out.losses[0], [p.detach().clone() for p in policy.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    for p, q in zip(results[0][1], results[1][1]):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_bad_input(env):
+    with pytest.raises(ValueError, match="sft_steps"):
+        warm_start(_policy(env), TrainConfig(sft_steps=0), env)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_trained_token_logprobs_equal_the_policys_at_trained_positions(env, arch):
+    demos = make_demonstrations(env, env.examples, 4, second_hop_rate=1.0, seed=0)
+    batch = build_batch(demos.trajectories, [t.example_id for t in demos.trajectories], env.codec.pad_id)
+    policy = HFPolicy(tiny_causal_lm(env.codec.vocab_size, arch=arch, layers=1, hidden=32, heads=2, seed=3), env.codec)
+    full = policy(batch.input_ids, batch.attention_mask, batch.position_ids).logprobs
+    fast = trained_token_logprobs(policy, batch.input_ids, batch.attention_mask, batch.position_ids, batch.trained_mask)
+    on = batch.trained_mask.bool()
+    assert torch.allclose(fast[on], full[on], atol=1e-5)
+    assert torch.all(fast[~on] == 0)
