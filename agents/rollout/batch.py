@@ -19,7 +19,7 @@ __all__ = ["TrainBatch", "build_batch"]
 
 _ROW_TENSORS = (
     "input_ids", "attention_mask", "position_ids", "trained_mask", "token_rewards", "scores", "group_index",
-    "old_logprobs", "ref_logprobs", "values", "advantages", "returns",
+    "rollout_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages", "returns",
 )
 
 
@@ -37,6 +37,8 @@ class TrainBatch:
         group_index: (B,) index of the row's question group, for group baselines.
         group_ids: the per-question id of each row (groups are never taken from batch positions).
         trajectories: the episode records the rows were built from.
+        rollout_logprobs: (B, T) the log-prob the rollout engine gave each id it sampled (0 elsewhere), or
+            ``None`` when the engine reports none; compared with the trainer's to measure their mismatch.
         old_logprobs / ref_logprobs / values / advantages / returns: (B, T), filled by the trainer.
     """
 
@@ -49,6 +51,7 @@ class TrainBatch:
     group_index: torch.Tensor
     group_ids: list[str]
     trajectories: list[Trajectory]
+    rollout_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -96,8 +99,12 @@ class TrainBatch:
         return replace(self, **changes)
 
 
-def build_batch(trajectories: Sequence[Trajectory], group_ids: Sequence[str], pad_id: int) -> TrainBatch:
+def build_batch(trajectories: Sequence[Trajectory], group_ids: Sequence[str], pad_id: int,
+                sampled_logprobs: Sequence[Sequence[float]] | None = None) -> TrainBatch:
     """The right-padded learner batch of ``trajectories`` (old/ref log-probs, values, advantages left empty).
+
+    ``sampled_logprobs`` (a :class:`~agents.rollout.collect.Rollout`'s, token-aligned with each
+    trajectory's ids) become ``rollout_logprobs``.
 
     Rows hold each trajectory's ids as they are; ``trained_mask`` is ``trajectory.trained`` (checked to lie
     on agent tokens only), the episode reward sits on the last trained token, and ``group_index`` numbers
@@ -126,6 +133,15 @@ def build_batch(trajectories: Sequence[Trajectory], group_ids: Sequence[str], pa
         last = np.flatnonzero(mask)
         if len(last):
             rewards[b, last[-1]] = traj.reward
+    rollout_logprobs = None
+    if sampled_logprobs is not None:
+        if len(sampled_logprobs) != n:
+            raise ValueError(f"{n} trajectories but {len(sampled_logprobs)} rows of sampled log-probs")
+        rollout_logprobs = torch.zeros((n, width), dtype=torch.float32)
+        for b, row in enumerate(sampled_logprobs):
+            if len(row) != len(trajectories[b].token_ids):
+                raise ValueError(f"trajectory {b}: {len(trajectories[b].token_ids)} ids but {len(row)} sampled log-probs")
+            rollout_logprobs[b, : len(row)] = torch.tensor(row, dtype=torch.float32)
     index: dict[str, int] = {}
     groups = [index.setdefault(g, len(index)) for g in group_ids]
     mask_t = torch.from_numpy(attention)
@@ -133,4 +149,5 @@ def build_batch(trajectories: Sequence[Trajectory], group_ids: Sequence[str], pa
         input_ids=torch.from_numpy(input_ids), attention_mask=mask_t, position_ids=position_ids_from_mask(mask_t), trained_mask=torch.from_numpy(trained),
         token_rewards=torch.from_numpy(rewards), scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         group_index=torch.tensor(groups, dtype=torch.long), group_ids=list(group_ids), trajectories=list(trajectories),
+        rollout_logprobs=rollout_logprobs,
     )

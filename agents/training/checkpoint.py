@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-__all__ = ["CHECKPOINT_FILE", "save_checkpoint", "load_checkpoint", "capture_rng", "restore_rng"]
+if TYPE_CHECKING:
+    from agents.training.backend import TrainingBackend
+
+__all__ = ["CHECKPOINT_FILE", "capture_rng", "load_checkpoint", "load_run", "restore_rng", "save_checkpoint", "save_run"]
 
 CHECKPOINT_FILE = "checkpoint.pt"  #: the file name of a run's latest checkpoint inside its output folder
+CHECKPOINTS_DIR = "checkpoints"  #: beside it, the backend's folder of the saved step
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
@@ -49,6 +54,33 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     if not target.is_file():
         raise FileNotFoundError(f"no checkpoint at {target}")
     return torch.load(target, map_location=map_location, weights_only=True)
+
+
+def save_run(path: str | os.PathLike[str], step: int, state: dict[str, Any], backend: TrainingBackend) -> Path:
+    """A run's checkpoint: the backend saves itself into a new folder ``checkpoints/step-N`` beside
+    ``path``, then ``path`` (the trainer's ``state``, naming that folder) is written atomically, then older
+    step folders are removed. A crash at any point leaves a complete checkpoint: the file always names
+    a folder that was fully written before it."""
+    target = Path(path)
+    folder = target.parent / CHECKPOINTS_DIR / f"step-{step}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    backend.save(folder)
+    save_checkpoint(target, {**state, "backend_dir": str(folder.relative_to(target.parent))})
+    for old in folder.parent.iterdir():
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def load_run(path: str | os.PathLike[str], backend: TrainingBackend) -> dict[str, Any]:
+    """Load the backend's folder that the checkpoint at ``path`` names into ``backend``; returns the
+    trainer's state."""
+    target = Path(path)
+    state = load_checkpoint(target)
+    backend.load(target.parent / state.pop("backend_dir"))
+    return state
 
 
 def capture_rng() -> dict[str, Any]:

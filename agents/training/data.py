@@ -12,13 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from search_env.data.example import QAExample
 from search_env.sources.base import Source
 
 if TYPE_CHECKING:
     from agents.training.config import DataConfig, TrainConfig
 
-__all__ = ["Data", "light_stem", "split_data", "synthetic_data"]
+__all__ = ["Data", "QuestionOrder", "light_stem", "split_data", "synthetic_data"]
 
 Data = tuple[list[QAExample], dict[str, Source]]
 """Questions and the named sources they are searched in."""
@@ -101,3 +103,39 @@ def _corpus_source(config: TrainConfig) -> Source:
 
     return DenseSource(corpus, index_dir=Path(config.run.output_dir) / "dense-index", name="wiki",
                        show_progress=progress_enabled(config.run.progress))
+
+
+class QuestionOrder:
+    """The questions of each step: the dataset in a seeded random order, reshuffled every epoch.
+
+    The position (epoch, offset) is all the state there is, so a checkpoint stores two ints.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        if size < 1:
+            raise ValueError("the training set is empty")
+        self.size, self.seed = size, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size)
+
+    def take(self, k: int) -> list[int]:
+        """The next ``k`` question indices (crossing into the next epoch's order when needed)."""
+        out: list[int] = []
+        while len(out) < k:
+            if self.offset == self.size:
+                self.epoch, self.offset = self.epoch + 1, 0
+                self._order = self._permutation()
+            n = min(k - len(out), self.size - self.offset)
+            out += self._order[self.offset : self.offset + n].tolist()
+            self.offset += n
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._order = self._permutation()

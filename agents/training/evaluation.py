@@ -22,7 +22,7 @@ from search_env import BatchSearchQAEnv
 from search_env.data.example import QAExample
 from search_env.trajectory import Trajectory
 
-__all__ = ["EvalResult", "predicted_answer", "summarize", "reward_component_means", "evaluate", "format_table"]
+__all__ = ["EvalResult", "evaluate", "format_table", "predicted_answer", "questions_by_hops", "reward_component_means", "summarize"]
 
 #: Reward components that hold the answer the reward scored (extracted from the answer span).
 _ANSWER_COMPONENTS = ("answer", "prediction")
@@ -97,6 +97,19 @@ def evaluate(agent: RolloutAgent, env: BatchSearchQAEnv, questions: Sequence[int
     the episodes."""
     rollout = collect_rollouts(agent, env, questions, group_size=1)
     return summarize(rollout.trajectories), rollout.trajectories
+
+
+def questions_by_hops(examples: Sequence[QAExample], questions: Sequence[int | QAExample],
+                      per_hop: int) -> dict[int, list[int | QAExample]]:
+    """``questions`` (indices into ``examples``, or examples) by hop count (``metadata["hops"]``, 0 when
+    absent), the first ``per_hop`` of each, in ascending hop count."""
+    by_hops: dict[int, list[int | QAExample]] = {}
+    for question in questions:
+        example = examples[question] if isinstance(question, numbers.Integral) else question
+        group = by_hops.setdefault(int(example.metadata.get("hops", 0)), [])
+        if len(group) < per_hop:
+            group.append(question)
+    return dict(sorted(by_hops.items()))
 
 
 def format_table(results: Mapping[str, Mapping[str, EvalResult]]) -> str:

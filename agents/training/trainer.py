@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import signal
 import sys
 import threading
@@ -55,9 +54,12 @@ from agents.rollout.collect import RolloutTimings, collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
 from agents.training.backend import TrainingBackend
 from agents.training.callbacks import Callback
-from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, load_run, restore_rng, save_run
 from agents.training.config import TrainConfig
-from agents.training.evaluation import EvalResult, evaluate, format_table, reward_component_means, summarize
+from agents.training.data import QuestionOrder
+from agents.training.evaluation import (
+    EvalResult, evaluate, format_table, questions_by_hops, reward_component_means, summarize,
+)
 from agents.training.loggers import CURVE_FILE, METRICS_FILE, loggers_for
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
@@ -65,52 +67,16 @@ from search_env.data.example import QAExample
 from search_env.trajectory import Trajectory
 from search_env.worker import EnvWorker
 
-__all__ = ["Trainer", "TrainResult", "QuestionOrder"]
+__all__ = ["Trainer", "TrainResult"]
 
 CHECKPOINT_FORMAT = 2
-#: Where checkpoints keep the backend's folder of each saved step, and where the trained policy goes.
-CHECKPOINTS_DIR, POLICY_DIR = "checkpoints", "policy"
+#: Where the trained policy goes, as a transformers model folder.
+POLICY_DIR = "policy"
 #: Names of the random streams derived from (seed, step); fixed so that runs stay reproducible.
 _STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
 
 AgentFactory = Callable[[bool, int], RolloutAgent]
 """``factory(greedy, seed)``: the rollout agent for one rollout (greedy decoding or sampling, seeded)."""
-
-
-class QuestionOrder:
-    """The questions of each step: the dataset in a seeded random order, reshuffled every epoch.
-
-    The position (epoch, offset) is all the state there is, so a checkpoint stores two ints.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        if size < 1:
-            raise ValueError("the training set is empty")
-        self.size, self.seed = size, seed
-        self.epoch, self.offset = 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size)
-
-    def take(self, k: int) -> list[int]:
-        """The next ``k`` question indices (crossing into the next epoch's order when needed)."""
-        out: list[int] = []
-        while len(out) < k:
-            if self.offset == self.size:
-                self.epoch, self.offset = self.epoch + 1, 0
-                self._order = self._permutation()
-            n = min(k - len(out), self.size - self.offset)
-            out += self._order[self.offset : self.offset + n].tolist()
-            self.offset += n
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
-        self._order = self._permutation()
 
 
 @dataclass
@@ -292,6 +258,7 @@ class Trainer:
         if len(batch) and batch.trained_mask.any():
             batch = _to_device(batch, self.backend.device)
             self._score(batch)
+            stats.update(_engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             stats.update(self._update(batch))
         self.backend.finish_step()
@@ -332,6 +299,7 @@ class Trainer:
         trajectories: list[Trajectory] = []
         kept: list[TrainBatch] = []
         groups: list[str] = []  # the kept groups' ids, in order
+        sampled: dict[int, list[float]] = {}  # id(trajectory) -> the engine's log-probs of its ids
         timings = RolloutTimings()
         for round_ in range(self.algorithm.rollout_rounds):
             # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
@@ -340,7 +308,10 @@ class Trainer:
                                        group_size=self.config.algorithm.group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)
-            batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad))
+            batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad,
+                                                            rollout.sampled_logprobs))
+            if rollout.sampled_logprobs is not None:
+                sampled.update(zip(map(id, rollout.trajectories), rollout.sampled_logprobs))
             kept.append(batch)
             groups += [g for g in dict.fromkeys(batch.group_ids) if g not in groups]
             if len(groups) >= wanted:
@@ -349,7 +320,8 @@ class Trainer:
             return trajectories, kept[0], timings, len(kept)
         chosen = set(groups[:wanted])
         rows = [(t, g) for b in kept for t, g in zip(b.trajectories, b.group_ids) if g in chosen]
-        batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad)
+        logprobs = [sampled[id(t)] for t, _ in rows] if all(id(t) in sampled for t, _ in rows) else None
+        batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad, logprobs)
         return trajectories, batch, timings, len(kept)
 
     @torch.no_grad()
@@ -447,21 +419,11 @@ class Trainer:
             if not self.config.eval.by_hops:
                 results[mode] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, self.eval_questions)[0]
                 continue
-            for hops, questions in self._questions_by_hops().items():
+            for hops, questions in questions_by_hops(self.eval_env.envs[0].examples, self.eval_questions,
+                                                     self.config.eval.questions).items():
                 results[f"{mode} {hops}-hop"] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, questions)[0]
         self._call("on_evaluation", None, results)
         return results
-
-    def _questions_by_hops(self) -> dict[int, list[int | QAExample]]:
-        """The held-out questions by hop count (``metadata["hops"]``), the first ``eval.questions`` of each."""
-        examples = self.eval_env.envs[0].examples
-        by_hops: dict[int, list[int | QAExample]] = {}
-        for question in self.eval_questions:
-            example = examples[question] if isinstance(question, int) else question
-            hops = int(example.metadata.get("hops", 0))
-            if len(by_hops.setdefault(hops, [])) < self.config.eval.questions:
-                by_hops[hops].append(question)
-        return dict(sorted(by_hops.items()))
 
     def _evaluate_stage(self, stage: str, extra: dict[str, float] | None = None) -> None:
         """Evaluate, keep the result for the before/after table, and log it (with ``extra``) at this step."""
@@ -504,29 +466,15 @@ class Trainer:
         restore_rng(state["rng"])
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint: the backend saves itself into a new folder ``checkpoints/step-N`` beside
-        ``path``, then ``path`` (the trainer's state, naming that folder) is replaced atomically
-        (:func:`agents.training.checkpoint.save_checkpoint`) and older step folders are removed, so a
-        crash at any point leaves a complete checkpoint."""
-        path = Path(path)
-        folder = path.parent / CHECKPOINTS_DIR / f"step-{self.step}"
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        self.backend.save(folder)
-        save_checkpoint(path, {**self.state_dict(), "backend_dir": str(folder.relative_to(path.parent))})
-        for old in folder.parent.iterdir():
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+        """Write a checkpoint (:func:`agents.training.checkpoint.save_run`: the backend's folder, then the
+        trainer's state naming it, replaced atomically)."""
+        path = save_run(path, self.step, self.state_dict(), self.backend)
         self._call("on_checkpoint", path)
         return path
 
     def load(self, path: str | Path) -> None:
         """Continue from a checkpoint written by :meth:`save` (the next :meth:`train` resumes the run)."""
-        path = Path(path)
-        state = load_checkpoint(path)
-        self.backend.load(path.parent / state["backend_dir"])
-        self.load_state_dict(state)
+        self.load_state_dict(load_run(path, self.backend))
         self.resumed = True
 
     def _write_config(self) -> None:
@@ -552,6 +500,20 @@ class Trainer:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _engine_mismatch(batch: TrainBatch) -> dict[str, float]:
+    """How far the rollout engine's log-probs of the sampled tokens are from the trainer's for the same
+    policy (mean and max absolute difference over trained tokens): near 0 when they agree, as with the HF
+    sampler; a skipped or failed weight sync of a separate engine shows up here. Empty when either side
+    is missing (no engine log-probs, or the trainer's come from the update's own pass)."""
+    if batch.rollout_logprobs is None or batch.old_logprobs is None:
+        return {}
+    keep = batch.trained_mask.bool()
+    if not keep.any():
+        return {}
+    gap = (batch.rollout_logprobs.to(batch.old_logprobs) - batch.old_logprobs)[keep].abs()
+    return {"rollout/logprob_gap_mean": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
 
 
 def _by_length(batch: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
