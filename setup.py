@@ -1,5 +1,12 @@
 """SearchQA Gym: a token-level Gymnasium environment for LLM agents that learn to reason and search."""
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# The version is written once, in search_env/__init__.py; read here without importing the package.
+INIT = Path(__file__).with_name("search_env") / "__init__.py"
+VERSION = re.search(r'^__version__ = "([^"]+)"', INIT.read_text(encoding="utf-8"), re.M).group(1)
 
 # Floors, never pins: pinning torch made pip replace a GPU user's own CUDA build. The CPU build CI tests
 # with is chosen by constraints.txt (pip install -c constraints.txt ..., as the README and .ci/run do).
@@ -31,7 +38,7 @@ EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vl
 
 setup(
     name="searchqa-gym",
-    version="0.1.0",
+    version=VERSION,
     description=__doc__,
     long_description=open("README.rst", encoding="utf-8").read(),
     long_description_content_type="text/x-rst",
