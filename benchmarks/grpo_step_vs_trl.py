@@ -45,6 +45,7 @@ Run: ``python -m benchmarks.grpo_step_vs_trl`` (``--help`` for options); needs t
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import tempfile
@@ -53,10 +54,10 @@ from typing import Sequence
 
 import torch
 
-from agents.learners import GRPOConfig
-from agents.train import build_trainer
-from agents.training.trainer import QuestionOrder, Trainer
-from benchmarks.learning import warm_started
+from agents.training.build import build_trainer
+from agents.training.config import TrainConfig
+from agents.training.trainer import Trainer
+from benchmarks.warm_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory
 
@@ -96,24 +97,31 @@ def work_record(trajectories: Sequence[Trajectory], rollout_s: float, total_s: f
 
 def build_ours(args: argparse.Namespace, output_dir: str) -> Trainer:
     """Our trainer for ``args.task`` with the benchmark's shared settings; no evaluation, logs or
-    checkpoints inside a step. ``demo``: the learning benchmark's task (its compact Search-R1 dialect,
-    large chain-question world and model shape, :func:`benchmarks.learning.demo_config`); ``search-r1``:
-    Search-R1's own prompt over the default synthetic world, with the trainer's default model shape. The
-    environment steps in-process on both sides (``env_worker`` off), as TRL's ``rollout_func`` steps it."""
-    shared = dict(
-        seed=args.seed, steps=args.warmup + args.steps, questions_per_step=args.prompts, group_size=args.group,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, learning_rate=args.lr,
-        micro_batch_size=args.micro_batch, update_epochs=1, mini_batch_size=0, kl_coef=args.kl_coef,
-        kl_estimator="k3", entropy_coef=0.0, loss_agg_mode="token-mean", scale_rewards=True, clip_low=0.2,
-        clip_high=0.2, max_grad_norm=1.0, weight_decay=0.0, sft_steps=args.sft_steps, eval_every=0,
-        save_every=0, tensorboard=False, progress=False, output_dir=output_dir, num_threads=1, env_worker=False,
-    )
+    checkpoints inside a step. ``demo``: the learning benchmark's task (the demo recipe,
+    ``agents/configs/demo.yaml``: its compact Search-R1 dialect, large chain-question world and model
+    shape); ``search-r1``: Search-R1's own prompt over the default synthetic world, with the default
+    model shape. The environment steps in-process on both sides (``rollout.env_worker`` off), as TRL's
+    ``rollout_func`` steps it."""
+    shared = {
+        "run.seed": args.seed, "run.steps": args.warmup + args.steps, "rollout.questions_per_step": args.prompts,
+        "algorithm.group_size": args.group, "env.max_new_tokens": args.max_new_tokens, "rollout.temperature": args.temperature,
+        "rollout.top_p": 1.0, "optim.learning_rate": args.lr, "optim.micro_batch_size": args.micro_batch,
+        "optim.update_epochs": 1, "optim.mini_batch_size": 0, "algorithm.kl_coef": args.kl_coef,
+        "algorithm.kl_estimator": "k3", "algorithm.entropy_coef": 0.0, "algorithm.loss_agg_mode": "token-mean",
+        "algorithm.scale_rewards": True, "algorithm.clip_low": 0.2, "algorithm.clip_high": 0.2,
+        "optim.max_grad_norm": 1.0, "optim.weight_decay": 0.0, "warm_start.steps": args.sft_steps,
+        "warm_start.batch_size": SFT_BATCH, "eval.questions": 0, "eval.every": 0, "run.save_every": 0,
+        "run.report_to": [], "run.progress": False, "run.output_dir": output_dir, "run.num_threads": 1,
+        "rollout.env_worker": False,
+    }
     if args.task == "demo":
-        from benchmarks.learning import build, demo_config
+        from benchmarks.learning import demo_config
 
-        return build(demo_config(**shared))[0]  # the trainer has no held-out environment: it does not evaluate
-    return build_trainer(GRPOConfig(model="tiny", protocol="search-r1", dataset="synthetic", world_seed=args.seed,
-                                    eval_questions=0, **shared))
+        config = demo_config().updated({"algo": "grpo", **shared})
+    else:
+        config = TrainConfig("grpo").updated({"model.name": "tiny", "env.protocol": "search-r1", "data.dataset": "synthetic",
+                                              "data.world_seed": args.seed, **shared})
+    return build_trainer(config)  # eval.questions 0: no held-out environment, no evaluation
 
 
 def our_step(trainer: Trainer) -> StepRecord:
@@ -131,7 +139,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
         ours = build_ours(args, os.path.join(workdir, "ours"))
         config = ours.config
         if args.sft_steps > 0:
-            warm_started(ours.policy, ours.env, config, args.sft_cache, batch_size=SFT_BATCH)
+            warm_started(ours.backend, config, ours.env, args.sft_cache)
         first = ours.env.envs[0]
         examples = first.examples
         env = BatchSearchQAEnv(
@@ -139,8 +147,8 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
             max_new_tokens=first.max_new_tokens, max_context=first.max_context, max_turns=first.max_turns,
         )
         # The same questions in the same order as our trainer takes them.
-        order = QuestionOrder(len(examples), config.seed)
-        chosen = [examples[i] for i in order.take(args.prompts * config.steps)]
+        order = copy.deepcopy(ours.order)
+        chosen = [examples[i] for i in order.take(args.prompts * config.run.steps)]
         tokenizer = hf_tokenizer(first.codec)
         rollout = SearchQARollout(env, chosen, tokenizer, first.protocol.stop_strings)
         trl_records: list[StepRecord] = []
@@ -155,7 +163,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
         model_dir = os.path.join(workdir, "model")
         ours.policy.model.save_pretrained(model_dir)
         peer = build_trl_trainer(
-            model_dir, tokenizer, rollout, [ex.question for ex in chosen], steps=config.steps,
+            model_dir, tokenizer, rollout, [ex.question for ex in chosen], steps=config.run.steps,
             group_size=args.group, micro_batch_size=args.micro_batch, learning_rate=args.lr, temperature=args.temperature,
             top_p=1.0, beta=args.kl_coef, max_new_tokens=args.max_new_tokens, seed=args.seed, callbacks=[clock],
             output_dir=os.path.join(workdir, "trl"),

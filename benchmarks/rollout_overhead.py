@@ -1,6 +1,6 @@
 """Where a rollout's time goes: generation, environment stepping, search (target: env + search <= 5%).
 
-The demo's rollout, as ``benchmarks/learning.py`` trains it (:func:`benchmarks.learning.demo_config`:
+The demo's rollout, as ``benchmarks/learning.py`` trains it (the demo recipe, ``agents/configs/demo.yaml``:
 the tiny policy, the compact Search-R1 dialect, the large synthetic world, 8 questions x 8 samples),
 with the policy warm-started as the demo warm-starts it, so that it searches and answers as the demo
 does (an untrained model never searches and would make the environment look free; a half-trained one
@@ -24,13 +24,11 @@ import statistics
 import sys
 import time
 
-import torch
-
-from agents.demo_task import demo_world
-from agents.policies.loading import load_policy
 from agents.rollout.collect import collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
-from benchmarks.learning import demo_config, warm_started
+from agents.training.build import build_trainer, env_options
+from benchmarks.learning import demo_config
+from benchmarks.warm_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.worker import EnvWorker
 
@@ -44,29 +42,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--runs", type=int, default=9, help="rollouts measured (the median is reported)")
     demo = demo_config()
-    parser.add_argument("--sft-steps", type=int, default=demo.sft_steps,
+    parser.add_argument("--sft-steps", type=int, default=demo.warm_start.steps,
                         help="warm-start steps of the demo policy, as the demo takes (0: untrained)")
-    parser.add_argument("--sft-examples", type=int, default=demo.sft_examples, help="demonstrations for the warm start")
-    parser.add_argument("--sft-copy-steps", type=int, default=demo.sft_copy_steps, help="copy warm-up steps before it")
+    parser.add_argument("--sft-examples", type=int, default=demo.warm_start.examples, help="demonstrations for the warm start")
+    parser.add_argument("--sft-copy-steps", type=int, default=demo.warm_start.copy_steps, help="copy warm-up steps before it")
     parser.add_argument("--policy-cache", help="load the warm-started policy from this file, or warm start and save it there")
     parser.add_argument("--cache-size", type=int, default=0, help="the environment's search cache (0: none, as the demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    config = demo_config(args.seed, sft_steps=args.sft_steps, sft_examples=args.sft_examples, sft_copy_steps=args.sft_copy_steps)
-
-    policy = load_policy(config.model, config.tokenizer, tiny_layers=config.tiny_layers, tiny_hidden=config.tiny_hidden,
-                         tiny_heads=config.tiny_heads, tiny_head_dim=config.tiny_head_dim, seed=config.seed)
-    examples, sources = demo_world(config.world_seed, config.world_size, scale=config.world_scale, max_hops=config.world_max_hops)
-    env = BatchSearchQAEnv(config.questions_per_step * config.group_size, dataset=examples, sources=sources,
-                           protocol=config.protocol, tokenizer=policy.codec, max_new_tokens=config.max_new_tokens,
-                           max_context=config.max_context, max_turns=config.max_turns, cache_size=args.cache_size)
-    if config.sft_steps:
+    config = demo.updated({
+        "run.seed": args.seed, "run.num_threads": args.threads, "eval.questions": 0, "rollout.env_worker": False,
+        "warm_start.examples": args.sft_examples, "warm_start.copy_steps": args.sft_copy_steps,
+        "warm_start.steps": args.sft_steps, "run.report_to": [],
+    })
+    trainer = build_trainer(config)  # the policy, its backend and the training world; its own env is not stepped
+    policy, first = trainer.policy, trainer.env.envs[0]
+    examples = first.examples
+    rollout, group_size = config.rollout, config.algorithm.group_size
+    env = BatchSearchQAEnv(trainer.env.num_envs, dataset=examples, sources=first.sources, cache_size=args.cache_size,
+                           **env_options(config, policy.codec))
+    if config.warm_start.steps:
         started = time.perf_counter()
         try:
-            warm_started(policy, env, config, args.policy_cache)
+            warm_started(trainer.backend, config, trainer.env, args.policy_cache)
         except ValueError as exc:
             parser.error(f"--policy-cache: {exc}")
         print(f"warm start (or its cache): {time.perf_counter() - started:.0f} s", file=sys.stderr)
@@ -74,15 +74,15 @@ def main(argv: list[str] | None = None) -> dict:
     worker = EnvWorker(env)
     runs: dict[str, list[dict]] = {mode: [] for mode in _MODES}
     for run in range(args.runs):
-        start = run * config.questions_per_step
-        questions = [(start + i) % len(examples) for i in range(config.questions_per_step)]
+        start = run * rollout.questions_per_step
+        questions = [(start + i) % len(examples) for i in range(rollout.questions_per_step)]
         episodes = {}
         for mode, stepped in zip(_MODES, (env, worker)):
-            sampler = HFSampler(policy, temperature=config.temperature, top_p=config.top_p, seed=run)
-            rollout = collect_rollouts(sampler, stepped, questions, group_size=config.group_size)
-            episodes[mode] = [(t.token_ids, t.reward) for t in rollout.trajectories]
-            stats = rollout.stats()
-            t = rollout.timings
+            sampler = HFSampler(policy, temperature=rollout.temperature, top_p=rollout.top_p, seed=run)
+            played = collect_rollouts(sampler, stepped, questions, group_size=group_size)
+            episodes[mode] = [(t.token_ids, t.reward) for t in played.trajectories]
+            stats = played.stats()
+            t = played.timings
             runs[mode].append({"total_s": t.total_s, "env_plus_search": (t.env_s + t.search_s) / t.total_s,
                                "worker_busy": t.worker_s / t.total_s, **{key: stats[key] for key in _REPORTED}})
             r = runs[mode][-1]
@@ -92,10 +92,12 @@ def main(argv: list[str] | None = None) -> dict:
         if episodes["in-process"] != episodes["worker"]:
             raise RuntimeError(f"run {run}: the worker's episodes differ from the in-process ones")
     worker.close()
+    env.close()
+    trainer.close_environments()
     median = {mode: {key: statistics.median(r[key] for r in runs[mode]) for key in runs[mode][0]} for mode in _MODES}
-    judged = "worker" if config.env_worker else "in-process"
-    print(f"\nmedian of {args.runs} runs, {env.num_envs} episodes each ({config.questions_per_step} questions x "
-          f"{config.group_size}, {config.protocol}, {args.threads} thread(s)); the episodes of both ways are identical:")
+    judged = "worker" if demo.rollout.env_worker else "in-process"
+    print(f"\nmedian of {args.runs} runs, {env.num_envs} episodes each ({rollout.questions_per_step} questions x "
+          f"{group_size}, {config.env.protocol}, {args.threads} thread(s)); the episodes of both ways are identical:")
     for mode in _MODES:
         m = median[mode]
         print(f"  {mode:10s}: rollout {m['total_s']:.2f} s, {m['agent_tokens_per_s']:.0f} agent tokens/s | generation "

@@ -4,12 +4,8 @@ A search agent answers by copying: the question's entity into its query, a name 
 query or answer. A small transformer can copy only once its attention has formed copying ("induction")
 heads, and on the demonstrations alone whether that happens in the warm start's budget depends on the
 seed. A few hundred steps on strings of random tokens that repeat, with the loss on the repeats only
-(nothing there can be predicted but by copying), form those heads first: the copy loss falls from about
-8 to 0.02-0.04 in 300 steps. Measured with the demo's settings (2-core CPU, 2026-11-25, held-out 1-hop
-greedy EM after the warm start): seed 1 reached 0.20-0.48 in five probes without it, 0.94 and 0.37 with
-it on the 50x world (random ids and the demonstrations' ids), and 0.90 and 1.00 with it on the 500x world,
-where names rarely repeat and the demonstrations cannot be fitted by memorising them (without it there,
-in a probe whose stems took one or two tokens: 0.37, the demonstration loss still at 0.28).
+(nothing there can be predicted but by copying), form those heads first. What was measured with and
+without it is in ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
 

@@ -243,20 +243,49 @@ def test_help_shows_defaults(module: str, capsys: pytest.CaptureFixture[str]) ->
     assert out.count("(default: ") >= 3
 
 
-def test_learning_overrides_read_yaml_values_and_numbers_for_float_fields(capsys: pytest.CaptureFixture[str]) -> None:
+def test_learning_reads_the_demo_recipe_with_typed_changes(capsys: pytest.CaptureFixture[str]) -> None:
     skip_without(*NEEDS["benchmarks.learning"])
-    from benchmarks.learning import main, overrides
+    from benchmarks.learning import demo_config, main
 
-    changes = overrides(["learning_rate=1e-3", "sft_lr=1", "steps=20", "progress=true"])
-    assert changes == {"learning_rate": 0.001, "sft_lr": 1.0, "steps": 20, "progress": True}
-    assert all(type(changes[k]) is float for k in ("learning_rate", "sft_lr"))
-    with pytest.raises(ValueError, match="no field 'learning_rat'"):
-        overrides(["learning_rat=1e-3"])
-    with pytest.raises(ValueError, match="takes a number"):
-        overrides(["learning_rate=fast"])
+    demo = demo_config()
+    assert demo.env.protocol == "search-r1-compact" and demo.eval.by_hops and demo.run.steps > 0
+    changed = demo_config(["optim.learning_rate=1e-3", "warm_start.learning_rate=1", "run.steps=20", "run.progress=true"])
+    assert (changed.optim.learning_rate, changed.warm_start.learning_rate, changed.run.steps, changed.run.progress) == (0.001, 1.0, 20, True)
+    assert type(changed.optim.learning_rate) is float and type(changed.warm_start.learning_rate) is float
+    assert changed.model == demo.model  # what is not changed is the recipe's
+    with pytest.raises(ValueError, match="learning_rat"):
+        demo_config(["optim.learning_rat=1e-3"])
+    with pytest.raises(ValueError, match="learning_rate"):
+        demo_config(["optim.learning_rate=fast"])
     with pytest.raises(SystemExit) as exit_info:
-        main(["--set", "learning_rate"])
-    assert exit_info.value.code == 2 and "FIELD=VALUE" in capsys.readouterr().err
+        main(["--set", "optim.learning_rate"])
+    assert exit_info.value.code == 2 and "GROUP.FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_learning_runs_the_recipe_through_the_trainer_and_records_its_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*NEEDS["benchmarks.learning"])
+    from benchmarks.learning import main
+
+    out_dir = tmp_path / "learning"
+    assert main(["--seeds", "0", "--output-dir", str(out_dir), "--set", "run.steps=2", "eval.every=1", "eval.questions=2",
+                 "warm_start.steps=2", "warm_start.examples=16", "warm_start.copy_steps=1", "data.world_size=50",
+                 "data.world_scale=1", "rollout.questions_per_step=2", "algorithm.group_size=2", "rollout.env_worker=false"]) == 0
+    out = capsys.readouterr().out
+    table = {(row[0], row[1]): row for row in _rows(out, "0 ")}
+    assert set(table) == {("0", "start"), ("0", "warm"), ("0", "final")}
+    assert table[("0", "final")][8] == "2"  # RL steps, after four EM cells, minutes and CPU minutes
+    assert "seed 0: 2-hop greedy EM >= 0.9 at" in out
+    assert (out_dir / "curve.png").stat().st_size > 0 and (out_dir / "seed0" / "metrics.jsonl").exists()
+    results = json.loads((out_dir / "results.json").read_text())
+    (run,) = results["runs"]
+    assert results["config"]["run"]["steps"] == 2 and run["rl_steps"] == 2 and run["rl_tokens_per_s"] > 0
+    assert set(run["evaluations"]) == {"start", "warm start", "final"}
+    assert set(run["evaluations"]["final"]) == {"greedy 1-hop", "greedy 2-hop", "sampled 1-hop", "sampled 2-hop"}
+    # one point per evaluation: before training, after the warm start, after each step (the last is "final")
+    assert [(p["stage"], p["step"]) for p in run["curve"]] == [("start", 0), ("warm start", 0), (None, 1), ("final", 2)]
+    minutes = [p["minutes"] for p in run["curve"]]
+    assert minutes == sorted(minutes) and run["train_minutes"] == minutes[-1] > run["warm_start_minutes"] > 0
+    assert all(0 <= p[key] <= 1 for p in run["curve"] for key in ("greedy_1hop", "greedy_2hop"))
 
 
 def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only(
