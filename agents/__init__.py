@@ -30,7 +30,7 @@ _LAZY = {
     "ReinforcePPBaselineConfig": "agents.learners",
     "TrainingBackend": "agents.training.backend", "TorchBackend": "agents.training.backend",
     "Trainer": "agents.training.trainer", "TrainResult": "agents.training.trainer",
-    "build_trainer": "agents.train",
+    "build_trainer": "agents.training.build",
     "warm_start": "agents.training.warm_start",
     "EvalResult": "agents.training.evaluation", "evaluate": "agents.training.evaluation", "summarize": "agents.training.evaluation",
 }

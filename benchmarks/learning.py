@@ -123,32 +123,22 @@ class LearningCurve(Callback):
     """A trainer callback recording one seed's :class:`SeedRun`: a curve point at each held-out
     evaluation, the warm start's and the run's training minutes, RL steps and tokens per second.
 
-    Training time runs from the start of the run and pauses while the trainer evaluates: the trainer
-    calls no hook before an evaluation (and none between the warm start and the evaluation after it),
-    so the callback wraps the trainer's ``run_evaluation`` when the run starts.
+    Training time runs from the start of the run and pauses while the trainer evaluates.
     """
 
     def __init__(self, seed: int, log: Callable[[str], Any] = print) -> None:
         self.run = SeedRun(seed=seed)
         self.log = log
         self.clock = _Clock()
-        self._last_results: Mapping[str, EvalResult] | None = None
         self._last_metrics: Mapping[str, Any] = {}
         self._rl_tokens = self._rl_seconds = 0.0
 
     # -- hooks ---------------------------------------------------------------------------------------
     def on_run_start(self, trainer: Trainer) -> None:
-        evaluate = trainer.run_evaluation
-
-        def timed_evaluation() -> dict[str, EvalResult]:
-            self.clock.pause()
-            try:
-                return evaluate()
-            finally:
-                self.clock.resume()
-
-        trainer.run_evaluation = timed_evaluation  # type: ignore[method-assign]
         self.clock.resume()
+
+    def on_evaluation_start(self, trainer: Trainer, stage: str | None) -> None:
+        self.clock.pause()
 
     def on_update(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
         self._rl_tokens += metrics["tokens_per_s"] * metrics["time/step"]
@@ -156,9 +146,8 @@ class LearningCurve(Callback):
         self._last_metrics = metrics
 
     def on_evaluation(self, trainer: Trainer, stage: str | None, results: Mapping[str, EvalResult]) -> None:
-        if results is not self._last_results:  # a stage's evaluation may be reported twice: unlabelled, then labelled
-            self._last_results = results
-            self._point(trainer, results)
+        self._point(trainer, results)
+        self.clock.resume()
         if stage is None:
             return
         point = self.run.curve[-1]

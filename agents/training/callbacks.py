@@ -38,6 +38,9 @@ class Callback:
         """After a training step's update; ``trainer.step`` is the number of steps done, ``metrics``
         the step's (rewards, losses, timings)."""
 
+    def on_evaluation_start(self, trainer: Trainer, stage: str | None) -> None:
+        """Before a held-out evaluation (``stage`` as in :meth:`on_evaluation`)."""
+
     def on_evaluation(self, trainer: Trainer, stage: str | None, results: Mapping[str, EvalResult]) -> None:
         """After a held-out evaluation: ``stage`` is ``"start"``, ``"warm start"`` or ``"final"`` for the
         before/after table, ``None`` for one every ``eval.every`` steps; ``results`` by mode (and hop count)."""

@@ -193,7 +193,7 @@ class Trainer:
                     metrics = self.train_step()
                     evaluated = self.config.eval.every > 0 and self.step % self.config.eval.every == 0 and self.step < run.steps
                     if evaluated:
-                        metrics.update(self._evaluation_metrics(self.run_evaluation()))
+                        metrics.update(self._evaluation_metrics(self._evaluate(None)))
                     if evaluated or self.step % run.log_every == 0 or self.step == last:
                         self._call("on_log", self.step, metrics)
                     if run.save_every > 0 and self.step % run.save_every == 0:
@@ -422,16 +422,24 @@ class Trainer:
             for hops, questions in questions_by_hops(self.eval_env.envs[0].examples, self.eval_questions,
                                                      self.config.eval.questions).items():
                 results[f"{mode} {hops}-hop"] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, questions)[0]
-        self._call("on_evaluation", None, results)
+        return results
+
+    def _evaluate(self, stage: str | None) -> dict[str, EvalResult]:
+        """:meth:`run_evaluation` between the callbacks' evaluation hooks (``stage``: see
+        :meth:`~agents.training.callbacks.Callback.on_evaluation`)."""
+        if self.eval_env is None or not self.eval_questions:
+            return {}
+        self._call("on_evaluation_start", stage)
+        results = self.run_evaluation()
+        self._call("on_evaluation", stage, results)
         return results
 
     def _evaluate_stage(self, stage: str, extra: dict[str, float] | None = None) -> None:
         """Evaluate, keep the result for the before/after table, and log it (with ``extra``) at this step."""
-        results = self.run_evaluation()
+        results = self._evaluate(stage)
         if results:
             self.evaluations[stage] = results
             self.stage_steps[stage] = self.step
-            self._call("on_evaluation", stage, results)
         if results or extra:
             self._call("on_log", self.step, {"stage": stage, **(extra or {}), **self._evaluation_metrics(results)})
 
