@@ -1,24 +1,42 @@
 """The preset registry and ``score``, the one entry point the environment and trainers call."""
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any, Callable, Iterable
 
 from .metrics import as_gold_list
 from .result import RewardResult
 
-__all__ = ["UnknownPresetError", "register", "available", "get", "value_range", "score"]
+__all__ = ["UnknownNameError", "UnknownPresetError", "register", "available", "get", "value_range", "score"]
 
 PresetFn = Callable[..., "RewardResult | float"]
 _PRESETS: dict[str, PresetFn] = {}
 _RANGES: dict[str, tuple[float, float]] = {}
 
 
-class UnknownPresetError(KeyError, ValueError):
-    """No preset of that name; both a ``KeyError`` (a failed lookup) and a ``ValueError`` (a bad argument)."""
+class UnknownNameError(LookupError, ValueError):
+    """A registry holds nothing of that name: both a failed lookup and a bad argument.
 
-    def __str__(self) -> str:  # KeyError would show the message's repr
-        return str(self.args[0])
+    Every registry of the project raises it (reward presets here, protocols in ``search_env``), with
+    one message shape: ``unknown <kind> 'x'; known: a, b, c``, followed by ``did you mean 'y'?`` when
+    a known name is a near miss. ``kind``, ``name`` and ``known`` keep the parts.
+    """
+
+    def __init__(self, kind: str, name: object, known: Iterable[str]) -> None:
+        self.kind, self.name, self.known = kind, name, sorted(known)
+        message = f"unknown {kind} {name!r}; known: {', '.join(self.known)}"
+        close = difflib.get_close_matches(name, self.known, n=1) if isinstance(name, str) else []
+        if close:
+            message += f"; did you mean {close[0]!r}?"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt from its parts (an environment worker pickles errors)
+        return type(self), (self.kind, self.name, self.known)
+
+
+#: The name this error had when only the preset registry raised it.
+UnknownPresetError = UnknownNameError
 
 
 def register(name: str, fn: PresetFn, *, replace: bool = False, value_range: tuple[float, float] | None = None) -> None:
@@ -35,7 +53,7 @@ def register(name: str, fn: PresetFn, *, replace: bool = False, value_range: tup
     if not callable(fn):
         raise TypeError(f"preset {name!r} must be callable, got {type(fn).__name__}")
     if name in _PRESETS and not replace:
-        raise ValueError(f"reward preset {name!r} already exists; pass replace=True to override it")
+        raise ValueError(f"reward preset {name!r} already exists; pass replace=True to replace it")
     if value_range is not None:
         low, high = (float(v) for v in value_range)
         if not (math.isfinite(low) and math.isfinite(high) and low <= high):
@@ -53,16 +71,16 @@ def available() -> list[str]:
 
 
 def get(name: str) -> PresetFn:
-    """The preset function registered as ``name``; ``UnknownPresetError`` lists the known names."""
+    """The preset function registered as ``name``; :class:`UnknownNameError` lists the known names."""
     try:
         return _PRESETS[name]
     except KeyError:
-        raise UnknownPresetError(f"unknown reward preset {name!r}; available: {', '.join(available())}") from None
+        raise UnknownNameError("reward preset", name, _PRESETS) from None
 
 
 def value_range(name: str) -> tuple[float, float] | None:
     """The (lowest, highest) total of preset ``name`` at its default options, or None when it was
-    registered without one; ``UnknownPresetError`` for an unknown name."""
+    registered without one; :class:`UnknownNameError` for an unknown name."""
     get(name)
     return _RANGES.get(name)
 

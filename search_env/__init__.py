@@ -5,6 +5,8 @@ sources=..., tokenizer=...)`` builds a :class:`SearchQAEnv`.
 """
 from gymnasium.envs.registration import register
 
+from rewards.registry import UnknownNameError
+
 from search_env.data import QAExample, load_dataset
 from search_env.env import SearchQAEnv
 from search_env.protocols import SEED_PROTOCOLS, Protocol, available_protocols, get_protocol, register_protocol
@@ -16,6 +18,7 @@ from search_env.wrappers import FixedWindowObservation, FullContextObservation
 
 __all__ = [
     "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "Protocol", "register_protocol", "get_protocol", "available_protocols", "SEED_PROTOCOLS",
+    "UnknownNameError",
     "Passage", "Source", "SourceError", "Trajectory", "AGENT", "ENVIRONMENT",
     "QAExample", "load_dataset", "FixedWindowObservation", "FullContextObservation",
 ]

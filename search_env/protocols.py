@@ -9,8 +9,12 @@ come from ../shared/PROTOCOLS.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from rewards.registry import UnknownNameError
 
 from search_env.sources.base import Passage
 
@@ -136,7 +140,7 @@ class Protocol:
 
     def with_options(self, **changes: Any) -> "Protocol":
         """A copy with some fields changed (e.g. ``top_k=5`` for evaluation)."""
-        return replace(self, **changes)
+        return dataclasses.replace(self, **changes)
 
     # -- rendering -------------------------------------------------------------------------------
     def messages(self, question: str) -> list[dict[str, str]]:
@@ -380,22 +384,31 @@ SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
 protocol registered since, e.g. by a plug-in or ``agents.demo_task``)."""
 
 
-def register_protocol(protocol: Protocol, *, overwrite: bool = False) -> Protocol:
-    """Make ``protocol`` available by name to ``gym.make("SearchQA-v0", protocol=name)``."""
-    if protocol.name in _REGISTRY and not overwrite:
-        raise ValueError(f"a protocol named {protocol.name!r} is already registered (pass overwrite=True)")
+def register_protocol(protocol: Protocol, *, replace: bool = False, overwrite: bool = False) -> Protocol:
+    """Make ``protocol`` available by name to ``gym.make("SearchQA-v0", protocol=name)``.
+
+    Registering a taken name raises ``ValueError`` unless ``replace=True`` (the keyword every registry
+    of the project uses), so two plug-ins cannot silently clash. ``overwrite`` is its old spelling,
+    still accepted with a ``DeprecationWarning``.
+    """
+    if overwrite:
+        warnings.warn("register_protocol(overwrite=True) is now spelled replace=True", DeprecationWarning, stacklevel=2)
+        replace = True
+    if protocol.name in _REGISTRY and not replace:
+        raise ValueError(f"protocol {protocol.name!r} already exists; pass replace=True to replace it")
     _REGISTRY[protocol.name] = protocol
     return protocol
 
 
 def get_protocol(protocol: str | Protocol) -> Protocol:
-    """The registered protocol of that name (or ``protocol`` itself when it already is one)."""
+    """The registered protocol of that name (or ``protocol`` itself when it already is one);
+    :class:`~rewards.UnknownNameError` lists the known names."""
     if isinstance(protocol, Protocol):
         return protocol
     try:
         return _REGISTRY[protocol]
     except KeyError:
-        raise KeyError(f"unknown protocol {protocol!r}; available: {', '.join(available_protocols())}") from None
+        raise UnknownNameError("protocol", protocol, _REGISTRY) from None
 
 
 def available_protocols() -> list[str]:

@@ -39,7 +39,7 @@ def test_available_lists_the_seed_presets():
 
 
 def test_unknown_preset_lists_names():
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(rewards.UnknownNameError) as info:
         rewards.score("search-r2", "x", ["y"])
     assert isinstance(info.value, ValueError)
     assert "search-r2" in str(info.value) and "search-r1-format" in str(info.value)

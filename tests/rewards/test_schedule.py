@@ -132,7 +132,7 @@ def test_r1_searcher_two_stages_on_real_presets() -> None:
 
 
 def test_unknown_preset_fails_at_construction() -> None:
-    with pytest.raises(rewards.UnknownPresetError, match="available: .*search-r1"):
+    with pytest.raises(rewards.UnknownPresetError, match="known: .*search-r1"):
         StagedReward([(0, "search-r1"), (5, "no-such-preset")])
     with pytest.raises(TypeError, match="preset name or a StepReward"):
         as_step_reward(3.0)

@@ -118,7 +118,7 @@ def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_toke
         answer_open="[[answer:", answer_close="]]!", user_template="Q: {question}\n", result_prefix="{{",
         result_suffix="}}", format_docs=lambda ps: "|".join(p.title for p in ps), top_k=2, reward="search-r1",
     )
-    register_protocol(custom, overwrite=True)
+    register_protocol(custom, replace=True)
     assert "bracket-tools" in available_protocols()
     env = SearchQAEnv("bracket-tools", dataset=[EXAMPLE], sources=CountingSource(), tokenizer=split_tag_tokenizer)
     env.reset(seed=0)

@@ -65,7 +65,7 @@ def test_a_preset_name_scores_as_before_and_other_step_rewards_are_accepted(spli
         plain.set_reward_step(True)
     with pytest.raises(TypeError, match="preset name or a rewards.schedule.StepReward"):
         SearchQAEnv(reward=lambda response, golds: 1.0, **kwargs)
-    with pytest.raises(KeyError, match="unknown reward preset"):
+    with pytest.raises(rewards.UnknownNameError, match="unknown reward preset"):
         SearchQAEnv(reward="no-such-preset", **kwargs)
 
 
