@@ -13,7 +13,7 @@ can be named. Parsing is jsonargparse's.
 
 Bad input - an unknown algorithm or flag (with the nearest known flag), a bad value, a missing model,
 dataset or corpus file, a tokenizer of another model - ends the program with one ``error:`` line and exit
-status 2. ``--help`` and flag errors answer before torch or transformers are imported. At the end the
+status 2. ``--help`` and flag errors answer before transformers (or any model) is loaded. At the end the
 program prints a before/after evaluation table and where the curve, logs, checkpoint and policy are.
 
 In Python, :func:`agents.training.build.build_trainer` assembles what the command runs from a
@@ -49,7 +49,10 @@ def parse_config(argv: Sequence[str]) -> Any:
     try:
         namespace = parser.parse_args(list(argv))
     except JsonArgumentError as exc:
-        raise ValueError(_with_suggestion(_one_line(str(exc)), parser)) from None
+        message = _with_suggestion(_one_line(str(exc)), parser)
+        if "'algorithm' does not accept" in message:  # a field of another algorithm's config, from a recipe
+            message += f" ({algo}'s config has no such field: python -m agents.train --algo {algo} --help lists them)"
+        raise ValueError(message) from None
     values = namespace.clone(with_meta=False).as_dict()
     values = {k: v for k, v in values.items() if k not in ("config", "import_")}
     unset = [f"{group}.{name}" for group, fields in values.items() if isinstance(fields, dict)

@@ -1,10 +1,14 @@
-"""The command line: recipes and flags become the algorithm's config, bad input is one ``error:`` line
-(exit status 2, no traceback), and a short run prints the before/after table and where its files are."""
+"""The command line: recipes and grouped flags (``--GROUP.FIELD VALUE``) become a TrainConfig, ``--help``
+shows the groups and the chosen algorithm's defaults without loading transformers, bad input is one
+``error:`` line (exit status 2, no traceback), and a short run prints the before/after table and where its
+files are."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,25 +16,101 @@ import pytest
 from tests.conftest import REPO_ROOT, skip_without
 
 skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "matplotlib")
-from agents.learners import GRPOConfig, PPOConfig  # noqa: E402
+from agents.learners import ALGORITHMS, GRPOConfig, PPOConfig  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.train import main, parse_config  # noqa: E402
+from agents.training.config import TrainConfig  # noqa: E402
 
 ROOT = REPO_ROOT
 RECIPE = ROOT / "agents" / "configs" / "search-r1-grpo.yaml"
 
 
-def test_recipe_then_flags_make_the_algorithms_config(tmp_path):
-    config = parse_config(["--config", str(RECIPE), "--model", "tiny", "--steps", "3", "--adam_betas", "[0.8, 0.9]"])
-    assert isinstance(config, GRPOConfig)
-    assert (config.model, config.steps, config.adam_betas) == ("tiny", 3, (0.8, 0.9))
-    assert (config.questions_per_step, config.top_p, config.kl_estimator) == (512, 0.95, "k3")  # from the recipe
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agents.train", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _flag_help(help_text: str) -> dict[str, str]:
+    """Each ``--flag``'s help text (up to the next flag), whitespace collapsed."""
+    blocks = re.split(r"\n  (?=--)", help_text)
+    return {block.split()[0]: " ".join(block.split()) for block in blocks[1:] if block.startswith("--")}
+
+
+def test_recipe_then_flags_make_the_config(tmp_path):
+    config = parse_config(["--config", str(RECIPE), "--model.name", "tiny", "--run.steps", "3",
+                           "--optim.adam_betas", "[0.8, 0.9]"])
+    assert isinstance(config, TrainConfig) and isinstance(config.algorithm, GRPOConfig)
+    assert (config.model.name, config.run.steps, config.optim.adam_betas) == ("tiny", 3, (0.8, 0.9))
+    assert (config.rollout.questions_per_step, config.rollout.top_p, config.algorithm.kl_estimator) == (512, 0.95, "k3")
     recipe = tmp_path / "ppo.yaml"
-    recipe.write_text("algo: ppo\ncritic: head\nreward_stages: [[0, search-r1], [5, search-r1-format]]\n")
+    recipe.write_text("algo: ppo\nalgorithm:\n  critic: head\nenv:\n  reward_stages: [[0, search-r1], [5, search-r1-format]]\n")
     config = parse_config(["--config", str(recipe)])
-    assert isinstance(config, PPOConfig) and config.critic == "head"
-    assert config.reward_stages == [[0, "search-r1"], [5, "search-r1-format"]]
-    assert parse_config(["--algo", "grpo", "--dual_clip", "3", "--progress", "false"]).dual_clip == 3.0
+    assert config.algo == "ppo" and isinstance(config.algorithm, PPOConfig) and config.algorithm.critic == "head"
+    assert config.env.reward_stages == [[0, "search-r1"], [5, "search-r1-format"]]
+    config = parse_config(["--algo", "grpo", "--algorithm.dual_clip", "3", "--run.progress", "false"])
+    assert (config.algorithm.dual_clip, config.run.progress) == (3.0, False)
+    recipe.write_text("algo: ppo\nrun:\n  steps: 2\n")
+    assert parse_config(["--config", str(recipe), "--algo", "grpo"]).algo == "grpo"  # the flag beats the recipe
+
+
+def test_a_recipe_field_of_another_algorithm_says_whose_fields_to_see(tmp_path):
+    recipe = tmp_path / "ppo.yaml"
+    recipe.write_text("algo: ppo\nalgorithm:\n  critic: head\n")
+    with pytest.raises(ValueError, match=r"'critic'.*grpo's config has no such field.*--algo grpo --help"):
+        parse_config(["--config", str(recipe), "--algo", "grpo"])
+
+
+def test_help_shows_the_groups_and_grpos_defaults_quickly():
+    start = time.monotonic()
+    done = _run("--help")
+    seconds = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    assert seconds < 60, f"--help took {seconds:.1f} s"
+    flags = _flag_help(done.stdout)
+    for flag in ("--config", "--algo", "--import", "--model.name", "--data.dataset", "--env.protocol",
+                 "--rollout.temperature", "--optim.learning_rate", "--optim.warmup_ratio", "--warm_start.steps",
+                 "--eval.every", "--run.output_dir", "--algorithm.group_size"):
+        assert flag in flags, flag
+    assert "default: 5" in flags["--algorithm.group_size"]  # GRPO's, not AlgorithmConfig's 8
+    assert "default: 0.001" in flags["--algorithm.kl_coef"]
+    assert "--algorithm.scale_rewards" in flags  # a GRPO field
+    assert "--algo NAME --help" in " ".join(done.stdout.split())  # how to see another algorithm's flags
+
+
+def test_help_for_another_algorithm_shows_its_defaults():
+    done = _run("--algo", "ppo", "--help")
+    assert done.returncode == 0, done.stderr
+    flags = _flag_help(done.stdout)
+    assert "default: 1" in flags["--algorithm.group_size"]
+    assert "default: k1" in flags["--algorithm.kl_estimator"]
+    assert "default: 1e-05" in flags["--algorithm.critic_lr"]
+    assert "default: 0.015" in flags["--algorithm.critic_warmup_ratio"]
+    assert "--algorithm.scale_rewards" not in flags
+
+
+def test_help_does_not_import_transformers():
+    code = ("import sys, agents.train as t\n"
+            "try:\n    t.parse_config(['--help'])\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "else:\n    raise AssertionError('--help did not exit')\n"
+            "assert 'transformers' not in sys.modules, 'transformers imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_mistyped_flag_names_the_nearest_one():
+    done = _run("--optim.learning_rat", "0.1")
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "did you mean --optim.learning_rate" in lines[0]
+
+
+def test_an_unknown_algorithm_is_one_line_listing_the_known_ones():
+    done = _run("--algo", "dqn")
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown algorithm 'dqn'; known: "), done.stderr
+    assert all(name in lines[0] for name in ALGORITHMS)
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +125,23 @@ def mismatched_model(tmp_path_factory, split_tag_tokenizer):
 
 BAD_INPUT = {
     "unknown algorithm": (["--algo", "a2c"], "unknown algorithm 'a2c'"),
-    "no algorithm": ([], "choose an algorithm"),
-    "missing model path": (["--algo", "grpo", "--model", "/no/such/model"], "'/no/such/model' is not"),
-    "missing dataset": (["--algo", "grpo", "--dataset", "/no/such/hotpotqa.jsonl", "--corpus", "{corpus}"], "no file '/no/such/hotpotqa.jsonl'"),
-    "missing corpus": (["--algo", "grpo", "--dataset", "{dataset}", "--corpus", "/no/such/corpus.jsonl"], "corpus file not found"),
-    "real data without corpus": (["--algo", "grpo", "--dataset", "{dataset}"], "needs --corpus"),
-    "mismatched tokenizer": (["--algo", "grpo", "--model", "{model}", "--tokenizer", "{tokenizer}"], "belong to different models"),
-    "unknown field": (["--algo", "grpo", "--learning_rat", "0.1"], "unrecognized arguments: --learning_rat"),
-    "bad value": (["--algo", "grpo", "--steps", "many"], "steps"),
-    "invalid setting": (["--algo", "grpo", "--group_size", "1"], "group_size must be >= 2"),
-    "model left to the user": (["--config", str(RECIPE)], "the recipe leaves model to you"),
+    "missing model path": (["--model.name", "/no/such/model"], "'/no/such/model' is not"),
+    "missing dataset": (["--data.dataset", "/no/such/hotpotqa.jsonl", "--data.corpus", "{corpus}"], "no file '/no/such/hotpotqa.jsonl'"),
+    "missing corpus": (["--data.dataset", "{dataset}", "--data.corpus", "/no/such/corpus.jsonl", "--eval.questions", "0"],
+                       "corpus file not found"),
+    "real data without corpus": (["--data.dataset", "{dataset}"], "needs data.corpus"),
+    "mismatched tokenizer": (["--model.name", "{model}", "--model.tokenizer", "{tokenizer}"], "belong to different models"),
+    "unknown field": (["--optim.learning_rat", "0.1"], "did you mean --optim.learning_rate"),
+    "unknown group": (["--optimiser.learning_rate", "0.1"], "unrecognized arguments: --optimiser.learning_rate"),
+    "another algorithm's field": (["--algo", "ppo", "--algorithm.scale_rewards", "true"], "--algorithm.scale_rewards"),
+    "bad value": (["--run.steps", "many"], "run.steps"),
+    "invalid setting": (["--algorithm.group_size", "1"], "group_size must be >= 2"),
+    "warm-up given twice": (["--optim.warmup_steps", "3", "--optim.warmup_ratio", "0.1"], "not both"),
+    "model left to the user": (["--config", str(RECIPE)], "the recipe leaves model.name to you"),
     "missing recipe": (["--config", "/no/such/recipe.yaml"], "recipe file not found"),
-    "unknown protocol": (["--algo", "grpo", "--protocol", "search-r2"], "unknown protocol 'search-r2'; available:"),
-    "resume without a checkpoint": (["--algo", "grpo", "--resume", "true"], "no checkpoint at"),
+    "unknown protocol": (["--env.protocol", "search-r2"], "unknown protocol 'search-r2'"),
+    "resume without a checkpoint": (["--run.resume", "true"], "no checkpoint at"),
+    "import of a missing module": (["--import", "no_such_module_xyz"], "--import no_such_module_xyz"),
 }
 
 
@@ -70,46 +154,45 @@ def test_bad_input_is_one_error_line(case, capsys, tmp_path, mismatched_model):
     corpus.write_text('{"id": "p1", "title": "Ann", "text": "Ann was here."}\n')
     model, tokenizer = mismatched_model
     argv = [a.format(dataset=dataset, corpus=corpus, model=model, tokenizer=tokenizer) for a in argv]
-    assert main(argv + ["--output_dir", str(tmp_path / "run")]) == 2
+    assert main(argv + ["--run.output_dir", str(tmp_path / "run")]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert expected in err
 
 
-def test_the_module_entry_point_reports_one_line():
-    done = subprocess.run([sys.executable, "-m", "agents.train", "--algo", "dqn"], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == ["error: unknown algorithm 'dqn'; known: ppo, grpo, reinforce++, reinforce++-baseline"]
-
-
 def test_a_short_run_prints_the_table_and_its_files(tmp_path, capsys):
-    argv = ["--algo", "reinforce++-baseline", "--steps", "1", "--questions_per_step", "2", "--group_size", "2",
-            "--max_new_tokens", "12", "--world_size", "20", "--eval_questions", "2", "--tensorboard", "false",
-            "--output_dir", str(tmp_path)]
+    argv = ["--algo", "reinforce++-baseline", "--run.steps", "1", "--rollout.questions_per_step", "2",
+            "--algorithm.group_size", "2", "--env.max_new_tokens", "12", "--data.world_size", "20",
+            "--eval.questions", "2", "--run.report_to", "[]", "--run.output_dir", str(tmp_path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == "reinforce++-baseline: 1 of 1 steps"
     rows = [line.split()[:2] for line in lines if line.startswith(("start", "final"))]
     assert rows == [["start", "greedy"], ["start", "sampled"], ["final", "greedy"], ["final", "sampled"]]
-    paths = {line.split(":", 1)[0]: Path(line.split(":", 1)[1].strip()) for line in lines if line.startswith(("curve", "metrics", "checkpoint"))}
-    assert set(paths) == {"curve", "metrics", "checkpoint"} and all(p.is_file() for p in paths.values())
+    paths = {line.split(":", 1)[0]: Path(line.split(":", 1)[1].strip())
+             for line in lines if line.startswith(("curve", "metrics", "checkpoint", "policy"))}
+    assert set(paths) == {"curve", "metrics", "checkpoint", "policy"}
+    assert all(paths[name].is_file() for name in ("curve", "metrics", "checkpoint"))
+    assert (paths["policy"] / "config.json").is_file()  # a transformers model folder: --model.name takes it
     assert "tensorboard" not in out
 
 
 def test_a_warm_start_on_real_format_data_without_decompositions(tmp_path, capsys):
     """A FlashRAG jsonl has no gold decompositions: the warm start demonstrates "search the question,
     answer the gold answer" instead of failing."""
+    people = [("Ann", "Oslo"), ("Bo", "Lima"), ("Cy", "Rome")]
     dataset = tmp_path / "qa.jsonl"
     dataset.write_text("".join(f'{{"id": "{i}", "question": "Where was {name} born?", "golden_answers": ["{city}"]}}\n'
-                               for i, (name, city) in enumerate([("Ann", "Oslo"), ("Bo", "Lima"), ("Cy", "Rome")])))
+                               for i, (name, city) in enumerate(people)))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(f'{{"id": "p{i}", "title": "{name}", "text": "{name} was born in {city}."}}\n'
-                              for i, (name, city) in enumerate([("Ann", "Oslo"), ("Bo", "Lima"), ("Cy", "Rome")])))
-    argv = ["--algo", "grpo", "--dataset", str(dataset), "--corpus", str(corpus), "--steps", "1", "--questions_per_step", "2",
-            "--group_size", "2", "--max_new_tokens", "40", "--eval_questions", "0", "--sft_steps", "2", "--sft_examples", "4",
-            "--tensorboard", "false", "--output_dir", str(tmp_path / "run")]
+                              for i, (name, city) in enumerate(people)))
+    argv = ["--algo", "grpo", "--data.dataset", str(dataset), "--data.corpus", str(corpus), "--run.steps", "1",
+            "--rollout.questions_per_step", "2", "--algorithm.group_size", "2", "--env.max_new_tokens", "40",
+            "--eval.questions", "0", "--warm_start.steps", "2", "--warm_start.examples", "4", "--run.report_to", "[]",
+            "--run.output_dir", str(tmp_path / "run")]
     assert main(argv) == 0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     warm = [r for r in metrics if "sft/steps" in r]
