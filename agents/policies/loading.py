@@ -123,6 +123,9 @@ def load_policy(
     else:
         if not os.path.isdir(model):
             raise ValueError(f"model {model!r} is not 'tiny', 'smollm2' or an existing local model folder")
+        run_policy = os.path.join(model, "policy")
+        if os.path.isfile(os.path.join(model, "checkpoint.pt")) and os.path.isdir(run_policy):
+            raise ValueError(f"model {model!r} is a training run; its trained policy is {run_policy}")
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         own_tokenizer = None if tokenizer is not None else AutoTokenizer.from_pretrained(model)
     codec = as_codec(tokenizer if tokenizer is not None else own_tokenizer)

@@ -261,6 +261,7 @@ class Trainer:
             stats.update(_engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             stats.update(self._update(batch))
+        lr = self.backend.learning_rate  # the rate this step's updates used (finish_step moves it on)
         self.backend.finish_step()
         if "kl_reward" in stats:  # KL to the reference, however it was applied, is logged as "kl"
             stats["kl"] = stats.pop("kl_reward")
@@ -270,7 +271,7 @@ class Trainer:
             **summarize(trajectories).as_dict(),
             **{f"reward/{k}": v for k, v in reward_component_means(trajectories).items()},
             **stats,
-            "lr": self.backend.learning_rate,
+            "lr": lr,
             "tokens_per_s": agent_tokens / max(now - started, 1e-9),
             "time/generation": timings.generation_s,
             "time/env": timings.env_s,
