@@ -11,13 +11,9 @@ user's own module is reachable exactly as the built-in ones are::
 """
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING, TypeVar
 
-try:  # TEMP until rewards exports it
-    from rewards import UnknownNameError
-except ImportError:
-    UnknownNameError = ValueError
+from rewards import UnknownNameError
 
 if TYPE_CHECKING:
     from agents.learners.base import Algorithm
@@ -56,6 +52,4 @@ def lookup_algorithm(name: str) -> type[Algorithm]:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        close = difflib.get_close_matches(str(name), ALGORITHMS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UnknownNameError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}{hint}") from None
+        raise UnknownNameError("algorithm", name, ALGORITHMS) from None

@@ -30,10 +30,7 @@ from agents.learners.config import warmup_steps
 from agents.policies.policy import HFPolicy, PolicyOutput, ValueModel
 from agents.rollout.batch import TrainBatch
 from agents.training.config import TrainConfig
-try:  # TEMP until rewards exports it
-    from rewards import UnknownNameError
-except ImportError:
-    UnknownNameError = ValueError
+from rewards import UnknownNameError
 
 if TYPE_CHECKING:
     from agents.learners import Algorithm, BatchCounts
@@ -162,7 +159,7 @@ def build_backend(config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -
     try:
         backend_class = BACKENDS[config.run.backend]
     except KeyError:
-        raise UnknownNameError(f"unknown backend {config.run.backend!r}; known: {', '.join(BACKENDS)}") from None
+        raise UnknownNameError("backend", config.run.backend, BACKENDS) from None
     return backend_class.from_config(config, policy, algorithm)
 
 
