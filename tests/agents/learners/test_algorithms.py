@@ -16,8 +16,9 @@ import torch  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
 from agents.learners import (  # noqa: E402
     AGG_MODES, GRPO, PPO, GRPOConfig, PPOConfig, ReinforcePP, ReinforcePPBaseline, ReinforcePPBaselineConfig,
-    ReinforcePPConfig, build_algorithm, lookup_algorithm,
+    ReinforcePPConfig, lookup_algorithm,
 )
+from agents.training.config import EnvConfig, TrainConfig  # noqa: E402
 from agents.learners.advantages import place_on_last_token  # noqa: E402
 from agents.learners.core import entropy_from_logits  # noqa: E402
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory  # noqa: E402
@@ -134,7 +135,7 @@ def test_grpo_dynamic_sampling_and_overlong_shaping():
     # Group 1: two wrong answers (all equal) and group 2: a singleton -> dropped by dynamic sampling.
     rows = ["PAAEAA", "PAAAAAEEAAAU", "PAA", "PAEA", "PA"]
     batch = make_batch(rows, [1.0, 1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 2])
-    algo = GRPO(GRPOConfig(max_new_tokens=10, overlong_buffer=4, dynamic_sampling=True, kl_coef=0.0))
+    algo = GRPO(GRPOConfig(overlong_buffer=4, dynamic_sampling=True, kl_coef=0.0), max_new_tokens=10)
     kept = algo.filter_batch(batch)
     assert kept.group_ids == ["q0", "q0"]
     stats = algo.compute_advantages(kept)
@@ -142,7 +143,7 @@ def test_grpo_dynamic_sampling_and_overlong_shaping():
     torch.testing.assert_close(kept.advantages, per_row[:, None] * kept.trained_mask, atol=1e-5, rtol=0)
     assert stats["score/overlong_penalty"] == pytest.approx(-0.375)
     # without dynamic sampling every row stays, and the dropped groups get 0
-    algo = GRPO(GRPOConfig(max_new_tokens=10, overlong_buffer=4, kl_coef=0.0))
+    algo = GRPO(GRPOConfig(overlong_buffer=4, kl_coef=0.0), max_new_tokens=10)
     assert algo.filter_batch(batch) is batch
     algo.compute_advantages(batch)
     assert (batch.advantages[2:] == 0).all()
@@ -222,14 +223,18 @@ def test_missing_inputs_give_one_line_errors():
 @pytest.mark.parametrize("make, message", [
     (lambda: GRPOConfig(loss_agg_mode="sum"), "unknown loss_agg_mode 'sum'"),
     (lambda: GRPOConfig(group_size=1), "group_size must be >= 2"),
-    (lambda: GRPOConfig(max_new_tokens=100, overlong_buffer=200), "overlong_buffer must be in"),
+    (lambda: GRPO(GRPOConfig(overlong_buffer=200), max_new_tokens=100), r"^overlong_buffer must be in \[0, max_new_tokens=100\], got 200$"),
+    (lambda: TrainConfig("grpo", env=EnvConfig(max_new_tokens=100), algorithm=GRPOConfig(overlong_buffer=200)),
+     r"^algorithm.overlong_buffer must be in \[0, env.max_new_tokens=100\], got 200$"),
+    (lambda: GRPO(GRPOConfig(), max_new_tokens=0), "max_new_tokens must be >= 1"),
     (lambda: PPOConfig(critic="shared"), "unknown critic 'shared'; known: head, separate"),
     (lambda: PPOConfig(dual_clip=0.5), "dual_clip must be > 1"),
     (lambda: PPOConfig(clip_low=1.0), "clip range"),
     (lambda: PPOConfig(lam=1.5), "gamma and lam"),
     (lambda: ReinforcePPConfig(kl_estimator="k4"), "unknown kl_estimator 'k4'"),
     (lambda: ReinforcePPConfig(kl_coef=-1.0), "kl_coef must be >= 0"),
-    (lambda: ReinforcePPBaselineConfig(algo="reinforce++"), "ReinforcePPBaselineConfig is the config of algo 'reinforce\\+\\+-baseline'"),
+    (lambda: TrainConfig("reinforce++-baseline", algorithm=ReinforcePPConfig()),
+     r"^algo 'reinforce\+\+-baseline' takes a ReinforcePPBaselineConfig, got a ReinforcePPConfig$"),
     (lambda: ReinforcePPBaselineConfig(group_size=1), "group-mean baseline needs group_size >= 2"),
 ])
 def test_bad_settings_fail_at_load_time(make, message):
@@ -238,12 +243,15 @@ def test_bad_settings_fail_at_load_time(make, message):
 
 
 def test_registry_lookup_and_build():
-    assert lookup_algorithm("reinforce++-baseline") == (ReinforcePPBaseline, ReinforcePPBaselineConfig)
-    with pytest.raises(ValueError, match=r"^unknown algorithm 'dpo'; known: ppo, grpo, reinforce\+\+, reinforce\+\+-baseline$"):
+    assert lookup_algorithm("reinforce++-baseline") is ReinforcePPBaseline
+    assert lookup_algorithm("reinforce++-baseline").config_class is ReinforcePPBaselineConfig
+    # (other tests' modules may register algorithms of their own after the built-in ones)
+    with pytest.raises(ValueError, match=r"^unknown algorithm 'dpo'; known: grpo, ppo, reinforce\+\+, reinforce\+\+-baseline(, [^;]+)?; did you mean 'ppo'\?$"):
         lookup_algorithm("dpo")
-    algo = build_algorithm(GRPOConfig(clip_high=0.28))
+    algo = lookup_algorithm("grpo")(GRPOConfig(clip_high=0.28))
     assert isinstance(algo, GRPO) and algo.uses_reference and not algo.uses_critic
-    assert not build_algorithm(GRPOConfig(kl_coef=0.0)).uses_reference
+    assert algo.max_new_tokens == 256
+    assert not lookup_algorithm("grpo")(GRPOConfig(kl_coef=0.0)).uses_reference
 
 
 # ---------------------------------------------------------------- micro-batch invariance
@@ -313,11 +321,11 @@ def _grad(policy: BigramPolicy, algo, parts: list[TrainBatch], counts_of) -> tup
 @pytest.mark.parametrize("algo_name", ["grpo", "ppo"])
 def test_summed_micro_batch_gradients_equal_the_full_batch_gradient(mode, algo_name):
     batch, policy = _random_batch(seed=len(mode))
-    common = dict(loss_agg_mode=mode, clip_low=0.2, clip_high=0.28, dual_clip=3.0, entropy_coef=0.01, max_new_tokens=40)
+    common = dict(loss_agg_mode=mode, clip_low=0.2, clip_high=0.28, dual_clip=3.0, entropy_coef=0.01)
     if algo_name == "grpo":
-        algo = GRPO(GRPOConfig(kl_coef=0.05, kl_estimator="k3", **common))
+        algo = GRPO(GRPOConfig(kl_coef=0.05, kl_estimator="k3", **common), max_new_tokens=40)
     else:
-        algo = PPO(PPOConfig(critic="head", vf_coef=0.5, kl_coef=0.0, **common))
+        algo = PPO(PPOConfig(critic="head", vf_coef=0.5, kl_coef=0.0, **common), max_new_tokens=40)
     counts = algo.counts(batch)
     full_grad, full_stats = _grad(policy, algo, [batch], lambda _: counts)
     assert full_stats["policy/clip_frac"] > 0  # the clip is really exercised

@@ -31,6 +31,29 @@ def test_kl_estimators_by_hand():
     torch.testing.assert_close(kl_estimate(logp, ref, "k3"), torch.tensor([0.193147, 0.901388, 0.0]), atol=1e-5, rtol=0)
 
 
+def test_clamped_kl_estimates_by_hand():
+    # logp = 0, so log r = ref_logp: 5, -12, 0.5, -3 and 25 (the log-ratio guard makes that 20).
+    # k3 = e^{log r} - 1 - log r:  5 -> e^5 - 6 = 142.413159 (clamped 10); -12 -> e^-12 + 11 = 11.000006 (10);
+    #      0.5 -> e^0.5 - 1.5 = 0.148721; -3 -> e^-3 + 2 = 2.049787; 20 -> e^20 - 21 = 4.85165174e8 (10)
+    # k1 = -log r: -5; 12 (clamped 10); -0.5; 3; -20 (clamped -10)
+    # k2 = (log r)^2 / 2: 12.5 (10); 72 (10); 0.125; 4.5; 200 (10)
+    logp = torch.zeros(5, dtype=torch.float64)
+    ref = torch.tensor([5.0, -12.0, 0.5, -3.0, 25.0], dtype=torch.float64)
+    k3 = kl_estimate(logp, ref, "k3")
+    torch.testing.assert_close(k3[:4], torch.tensor([142.413159, 11.000006, 0.148721, 2.049787], dtype=torch.float64), atol=1e-6, rtol=0)
+    assert k3[4].item() == pytest.approx(4.85165174e8, rel=1e-8)
+    expected = {
+        "k3": [10.0, 10.0, 0.148721, 2.049787, 10.0],
+        "k1": [-5.0, 10.0, -0.5, 3.0, -10.0],
+        "k2": [10.0, 10.0, 0.125, 4.5, 10.0],
+    }
+    for kind, values in expected.items():
+        torch.testing.assert_close(kl_estimate(logp, ref, kind, clamp=10), torch.tensor(values, dtype=torch.float64),
+                                   atol=1e-6, rtol=0, msg=kind)
+    # A clamp wider than every estimate changes nothing.
+    torch.testing.assert_close(kl_estimate(logp[2:4], ref[2:4], "k3", clamp=10), kl_estimate(logp[2:4], ref[2:4], "k3"))
+
+
 @pytest.mark.parametrize("kind", ["k1", "k3"])
 def test_unbiased_estimators_average_to_the_exact_kl(kind):
     # E_{x~p}[k1(x)] = E_{x~p}[k3(x)] = KL(p || q): check against torch.distributions' closed form.

@@ -8,12 +8,26 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
+from agents.training.backend import TorchBackend  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.copy_warmup import copy_batch, copy_warmup  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy  # noqa: E402
 from agents.training.warm_start import warm_start  # noqa: E402
 from search_env import SearchQAEnv  # noqa: E402
+
+
+class BareLM(torch.nn.Module):
+    """What the copy warm-up reads of a backend's policy: its causal LM (of any vocabulary: no tokenizer)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+
+def backend_of(model) -> TorchBackend:
+    """A torch backend training ``model``, without gradient clipping."""
+    return TorchBackend(BareLM(model), TrainConfig().updated({"optim.max_grad_norm": 0.0}))
 
 
 def test_a_copy_batch_repeats_one_string_of_pool_ids_per_row():
@@ -36,7 +50,7 @@ def test_the_loss_is_the_cross_entropy_of_the_repeats_only():
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     terms = [-torch.log_softmax(logits[b, t - 1], -1)[ids[b, t]].item() for b in range(4) for t in range(5, 10)]
-    losses = copy_warmup(model, pool, 1, lr=1e-3, seed=7, length=5, repeats=2, batch_size=4)
+    losses = copy_warmup(backend_of(model), pool, 1, lr=1e-3, seed=7, length=5, repeats=2, batch_size=4)
     assert losses[0] == pytest.approx(sum(terms) / len(terms), rel=1e-5)
 
 
@@ -44,7 +58,7 @@ def test_the_warm_up_teaches_a_small_model_to_copy_strings_it_never_saw():
     torch.manual_seed(0)
     model = tiny_causal_lm(200, layers=2, hidden=32, heads=2, seed=0)
     pool = list(range(10, 200))
-    losses = copy_warmup(model, pool, 250, lr=3e-3, seed=0, length=8, repeats=2, batch_size=32)
+    losses = copy_warmup(backend_of(model), pool, 250, lr=3e-3, seed=0, length=8, repeats=2, batch_size=32)
     assert losses[0] > math.log(len(pool)) - 1.0  # it starts by guessing
     probe = copy_batch(torch.tensor(pool), 64, 8, 2, torch.Generator().manual_seed(123))
     with torch.no_grad():
@@ -55,15 +69,17 @@ def test_the_warm_up_teaches_a_small_model_to_copy_strings_it_never_saw():
 def test_the_warm_start_runs_it_first_on_the_demonstrations_ids():
     env = SearchQAEnv(protocol="search-r1", world_seed=4, world_size=60)
     policy = HFPolicy(tiny_causal_lm(env.codec.vocab_size, layers=1, hidden=32, heads=2, seed=0), env.codec)
-    config = TrainConfig(sft_steps=2, sft_copy_steps=3, sft_examples=8, sft_lr=1e-3, progress=False)
-    result = warm_start(policy, config, env, batch_size=4)
+    config = TrainConfig().updated({"warm_start.steps": 2, "warm_start.copy_steps": 3, "warm_start.examples": 8,
+                                    "warm_start.learning_rate": 1e-3, "warm_start.batch_size": 4, "run.progress": False})
+    result = warm_start(TorchBackend(policy, config), config, env)
     assert len(result.copy_losses) == 3 and len(result.losses) == 2
     assert result.as_dict()["sft/copy_loss_last"] == result.copy_losses[-1]
-    assert warm_start(policy, TrainConfig(sft_steps=1, sft_examples=4, progress=False), env, batch_size=4).copy_losses == []
+    config = config.updated({"warm_start.steps": 1, "warm_start.copy_steps": 0, "warm_start.examples": 4})
+    assert warm_start(TorchBackend(policy, config), config, env).copy_losses == []
 
 
 def test_bad_input():
-    model = tiny_causal_lm(50, layers=1, hidden=16, heads=2, seed=0)
+    model = backend_of(tiny_causal_lm(50, layers=1, hidden=16, heads=2, seed=0))
     with pytest.raises(ValueError, match="steps"):
         copy_warmup(model, [1, 2], 0, lr=1e-3, seed=0)
     with pytest.raises(ValueError, match="repeats"):

@@ -1,10 +1,24 @@
-"""The demo task: a compact Search-R1 dialect and a large world of chain questions."""
+"""A run's synthetic data (:mod:`agents.training.data`): large worlds of chain questions with two-token
+names, BM25 over lightly stemmed words, held-out worlds of new words; and the compact Search-R1 dialect
+the demo trains with."""
 import pytest
 
-from agents.demo_task import COMPACT_SEARCH_R1, demo_world, light_stem
 from agents.scripted.agents import OracleAgent, run_episode
-from search_env import SearchQAEnv, get_protocol
+from agents.training.config import DataConfig
+from agents.training.data import light_stem, synthetic_data
+from search_env import SearchQAEnv, available_protocols, get_protocol
 from search_env.synthetic import generate_world
+
+if "search-r1-compact" not in available_protocols():  # until search_env registers it itself
+    import agents.demo_task  # noqa: F401
+
+COMPACT_SEARCH_R1 = get_protocol("search-r1-compact")
+
+
+def demo_world(seed, size, *, scale=50, held_out_from=None):
+    """The demo's kind of world (``agents/configs/demo.yaml``'s data settings) at ``scale``."""
+    data = DataConfig(world_scale=scale, world_chain_only=True, world_max_hops=2, world_stem_tokens=2, bm25_stemmer="light")
+    return synthetic_data(data, seed, size, held_out_from=held_out_from)
 
 
 def test_compact_protocol_keeps_search_r1s_tags_and_reward():
@@ -39,8 +53,17 @@ def test_demo_world_has_chain_questions_and_scaled_entities():
     # Every entity has one passage per source that states its facts: 4x the entities, 4x the passages.
     assert len(sources["all"]) == 4 * len(small_sources["all"])
     assert len(sources["all"]) == sum(len(sources[name]) for name in ("wiki", "news", "papers"))
-    with pytest.raises(ValueError, match="scale"):
+    with pytest.raises(ValueError, match=r"^data.world_scale must be >= 1, got 0$"):
         demo_world(3, 10, scale=0)
+    with pytest.raises(ValueError, match=r"^unknown data.bm25_stemmer 'porter'; known: light"):
+        DataConfig(bm25_stemmer="porter")
+
+
+def test_without_chain_only_a_world_has_other_questions_and_max_hops_bounds_them():
+    examples, sources = synthetic_data(DataConfig(), 3, 200)
+    assert {ex.metadata["type"] for ex in examples} > {"chain"}
+    one_hop, _ = synthetic_data(DataConfig(world_max_hops=1), 3, 100)
+    assert {ex.metadata["hops"] for ex in one_hop} == {1}
 
 
 def test_light_stem_matches_question_verbs_to_passage_verbs():

@@ -29,6 +29,7 @@ skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "tensorb
 import torch  # noqa: E402
 
 import agents.train  # noqa: E402
+import agents.training.build  # noqa: E402
 import agents.training.trainer  # noqa: E402
 from agents import RetrieveThenAnswerAgent, run_episode  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
@@ -66,10 +67,10 @@ class Run:
 def run(shared_data, tmp_path_factory) -> Run:
     out = tmp_path_factory.mktemp("smollm2-grpo")
     record = Run(output_dir=out)
-    real_build, real_collect = agents.train.build_trainer, agents.training.trainer.collect_rollouts
+    real_build, real_collect = agents.training.build.build_trainer, agents.training.trainer.collect_rollouts
 
-    def build_trainer(config):
-        trainer = real_build(config)
+    def build_trainer(config, **options):
+        trainer = real_build(config, **options)
         record.trainer = trainer
         params = dict(trainer.policy.named_parameters())
         record.initial = {name: params[name].detach().clone() for name in WATCHED}
@@ -100,17 +101,17 @@ def run(shared_data, tmp_path_factory) -> Run:
         return rollout
 
     argv = [
-        "--algo", "grpo", "--model", "smollm2", "--protocol", "search-r1",
-        "--dataset", str(shared_data / "hotpotqa_dev.jsonl"), "--corpus", str(shared_data / "corpus.jsonl"),
-        "--steps", str(STEPS), "--questions_per_step", str(QUESTIONS), "--group_size", str(GROUP),
+        "--algo", "grpo", "--model.name", "smollm2", "--env.protocol", "search-r1",
+        "--data.dataset", str(shared_data / "hotpotqa_dev.jsonl"), "--data.corpus", str(shared_data / "corpus.jsonl"),
+        "--run.steps", str(STEPS), "--rollout.questions_per_step", str(QUESTIONS), "--algorithm.group_size", str(GROUP),
         # No held-out evaluation (it would cost more than the steps); 10x the recipe's learning rate so
         # that one step moves the log-probs well clear of float noise.
-        "--max_new_tokens", "48", "--eval_questions", "0", "--learning_rate", "1e-5",
-        "--num_threads", "1", "--progress", "false", "--output_dir", str(out),
+        "--env.max_new_tokens", "48", "--eval.questions", "0", "--optim.learning_rate", "1e-5",
+        "--run.num_threads", "1", "--run.progress", "false", "--run.output_dir", str(out),
     ]
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
-        patch.setattr(agents.train, "build_trainer", build_trainer)
+        patch.setattr(agents.training.build, "build_trainer", build_trainer)
         patch.setattr(agents.training.trainer, "collect_rollouts", collect_rollouts)
         record.exit_status = agents.train.main(argv)
     record.stdout = printed.getvalue()
@@ -122,8 +123,9 @@ def test_the_command_trains_and_reports_its_files(run):
     lines = run.stdout.splitlines()
     assert lines[0] == f"grpo: {STEPS} of {STEPS} steps"
     files = {line.split(":", 1)[0]: Path(line.split(":", 1)[1].strip()) for line in lines[1:] if ":" in line}
-    assert set(files) == {"curve", "metrics", "tensorboard", "checkpoint"}
+    assert set(files) == {"curve", "metrics", "checkpoint", "policy"}
     assert all(path.exists() and path.parent == run.output_dir for path in files.values())
+    assert (run.output_dir / "tensorboard").is_dir()  # run.report_to's default
     assert len(run.rollouts) == len(run.batches) == STEPS
 
 
@@ -238,7 +240,8 @@ def test_the_update_changed_the_weights_and_the_checkpoint_holds_them(run):
     live = dict(run.trainer.policy.named_parameters())
     state = load_checkpoint(run.output_dir / "checkpoint.pt")
     assert state["step"] == STEPS and state["algo"] == "grpo"
-    saved, reference = state["backend"]["policy"], state["backend"]["reference"]
+    backend = load_checkpoint(run.output_dir / state["backend_dir"] / "backend.pt")
+    saved, reference = backend["policy"], backend["reference"]
     for name in WATCHED:
         assert not torch.equal(live[name].detach(), run.initial[name]), f"{name} did not change"
         assert torch.equal(saved[name], live[name].detach())

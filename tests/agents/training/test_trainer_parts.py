@@ -17,13 +17,13 @@ import torch  # noqa: E402
 
 from agents.training.backend import TorchBackend  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
-from agents.training.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint  # noqa: E402
+from agents.training.checkpoint import capture_rng, load_checkpoint, load_run, restore_rng, save_checkpoint, save_run  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.evaluation import EvalResult, format_table, predicted_answer, reward_component_means, summarize  # noqa: E402
-from agents.training.logger import RunLogger, read_metrics  # noqa: E402
+from agents.training.loggers import JsonLinesLogger, read_metrics  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy, ValueModel, position_ids_from_mask  # noqa: E402
-from agents.training.trainer import QuestionOrder  # noqa: E402
+from agents.training.data import QuestionOrder  # noqa: E402
 from search_env.trajectory import AGENT, ENVIRONMENT, ToolCall, Trajectory  # noqa: E402
 
 
@@ -57,20 +57,26 @@ def nll_step(backend: TorchBackend, batch: TrainBatch) -> float:
     return backend.step()
 
 
+def optim_config(**optim) -> TrainConfig:
+    return TrainConfig().updated({f"optim.{name}": value for name, value in optim.items()})
+
+
 def test_warmup_is_linear_then_constant():
-    backend = TorchBackend(tiny_policy(), TrainConfig(learning_rate=0.1, warmup_steps=4))
+    backend = TorchBackend(tiny_policy(), optim_config(learning_rate=0.1, warmup_steps=4))
     rates = []
     for _ in range(5):
         rates.append(backend.learning_rate)
         nll_step(backend, hand_batch())
+        nll_step(backend, hand_batch())  # a second optimiser step of the same training step: no advance
+        backend.finish_step()
     assert rates == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1])
 
 
 def test_micro_batches_accumulate_to_the_full_batch_step():
     batch = hand_batch(rows=4)
     policy = tiny_policy()
-    whole = TorchBackend(policy, TrainConfig(learning_rate=1e-2, micro_batch_size=4, max_grad_norm=0.0))
-    split = TorchBackend(copy.deepcopy(policy), TrainConfig(learning_rate=1e-2, micro_batch_size=1, max_grad_norm=0.0))
+    whole = TorchBackend(policy, optim_config(learning_rate=1e-2, micro_batch_size=4, max_grad_norm=0.0))
+    split = TorchBackend(copy.deepcopy(policy), optim_config(learning_rate=1e-2, micro_batch_size=1, max_grad_norm=0.0))
     assert [len(mb) for mb in split.micro_batches(batch)] == [1, 1, 1, 1]
     norm_whole, norm_split = nll_step(whole, batch), nll_step(split, batch)
     # The norm catches a rescaled accumulation (Adam's step alone would not: it is scale-invariant).
@@ -81,7 +87,7 @@ def test_micro_batches_accumulate_to_the_full_batch_step():
 
 def test_step_reports_the_gradient_norm_before_clipping_and_skips_non_finite_ones():
     batch = hand_batch()
-    backend = TorchBackend(tiny_policy(), TrainConfig(learning_rate=1e-2, max_grad_norm=1e-3))
+    backend = TorchBackend(tiny_policy(), optim_config(learning_rate=1e-2, max_grad_norm=1e-3))
     tokens = batch.trained_mask.sum()
     loss = -(backend.forward(batch).logprobs * batch.trained_mask).sum() / tokens
     backend.backward(loss)
@@ -98,7 +104,7 @@ def test_step_reports_the_gradient_norm_before_clipping_and_skips_non_finite_one
 def test_reference_stays_frozen_and_state_round_trips_with_a_separate_critic():
     policy = tiny_policy()
     critic = ValueModel(copy.deepcopy(policy.model))
-    backend = TorchBackend(policy, TrainConfig(learning_rate=1e-2, warmup_steps=3), critic=critic,
+    backend = TorchBackend(policy, optim_config(learning_rate=1e-2, warmup_steps=3), critic=critic,
                            critic_learning_rate=1e-3, with_reference=True)
     batch = hand_batch()
     reference_before = backend.reference_logprobs(batch)
@@ -108,6 +114,7 @@ def test_reference_stays_frozen_and_state_round_trips_with_a_separate_critic():
         out = backend.forward(batch, with_values=True)
         backend.backward(-(out.logprobs * batch.trained_mask).sum() / 10 + out.values.square().sum() + (out.values - 1).square().sum())
         backend.step()
+        backend.finish_step()
 
     critic_before = copy.deepcopy(critic.state_dict())
     step()
@@ -155,6 +162,47 @@ def test_missing_checkpoint_is_a_one_line_error(tmp_path):
         load_checkpoint(tmp_path / "checkpoint.pt")
 
 
+def test_a_run_checkpoint_names_its_backend_folder_and_resumes_exactly(tmp_path, monkeypatch):
+    config = optim_config(learning_rate=1e-2, warmup_steps=3)
+    path = tmp_path / "checkpoint.pt"
+
+    def train_step(backend, seed):
+        nll_step(backend, hand_batch(seed=seed))
+        backend.finish_step()
+
+    backend = TorchBackend(tiny_policy(), config)
+    train_step(backend, 0)
+    save_run(path, 1, {"step": 1, "data": {"epoch": 0, "offset": 4}}, backend)
+    assert load_checkpoint(path)["backend_dir"] == "checkpoints/step-1"
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "step-1").iterdir()) == ["backend.pt"]
+    train_step(backend, 1)
+    expected = copy.deepcopy(backend.state_dict())
+
+    resumed = TorchBackend(tiny_policy(seed=1), config)  # other weights, fresh optimiser and schedule
+    assert load_run(path, resumed) == {"step": 1, "data": {"epoch": 0, "offset": 4}}
+    train_step(resumed, 1)
+    got = resumed.state_dict()
+    for key, value in expected["policy"].items():
+        assert torch.equal(value, got["policy"][key]), key
+    assert expected["optimizer"]["state"].keys() == got["optimizer"]["state"].keys() != set()
+    for index, slots in expected["optimizer"]["state"].items():
+        for name, value in slots.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(got["optimizer"]["state"][index][name])), name
+    assert expected["scheduler"] == got["scheduler"] and resumed.learning_rate == backend.learning_rate
+
+    save_run(path, 2, {"step": 2}, resumed)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-2"]  # the older step is removed
+
+    def dies_half_way(directory):
+        (directory / "backend.pt").write_bytes(b"half a file")
+        raise KeyboardInterrupt("killed mid-save")
+
+    monkeypatch.setattr(resumed, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        save_run(path, 3, {"step": 3}, resumed)
+    assert load_run(path, TorchBackend(tiny_policy(seed=2), config)) == {"step": 2}  # the last complete one
+
+
 def test_random_state_is_restored_through_a_checkpoint_file(tmp_path):
     random.seed(5), np.random.seed(5), torch.manual_seed(5)
     save_checkpoint(tmp_path / "rng.pt", capture_rng())
@@ -165,17 +213,28 @@ def test_random_state_is_restored_through_a_checkpoint_file(tmp_path):
 
 
 # -- logs -----------------------------------------------------------------------------------------
-def test_logger_cuts_steps_after_the_resumed_checkpoint(tmp_path):
-    logger = RunLogger(tmp_path, tensorboard=False)
+class FakeRun:
+    """What the loggers read of a trainer."""
+
+    def __init__(self, output_dir, step=0, resumed=False):
+        self.output_dir, self.step, self.resumed = output_dir, step, resumed
+
+
+def test_json_lines_logger_cuts_steps_after_the_resumed_checkpoint(tmp_path):
+    logger = JsonLinesLogger()
+    run = FakeRun(tmp_path)
+    logger.on_run_start(run)
     for step in range(5):
-        logger.log(step, {"reward": step / 10, "nan": float("nan"), "tensor": torch.tensor(2.5)})
-    logger.close()
+        logger.on_log(run, step, {"reward": step / 10, "nan": float("nan"), "tensor": torch.tensor(2.5)})
     assert read_metrics(tmp_path / "metrics.jsonl")[1] == {"step": 1, "reward": 0.1, "nan": None, "tensor": 2.5}
-    resumed = RunLogger(tmp_path, tensorboard=False, resume_step=2)
-    resumed.log(3, {"reward": 1.0})
+    resumed = JsonLinesLogger()
+    resumed_run = FakeRun(tmp_path, step=2, resumed=True)
+    resumed.on_run_start(resumed_run)
+    resumed.on_log(resumed_run, 3, {"reward": 1.0})
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
-    assert resumed.plot().read_bytes()[:4] == b"\x89PNG"
-    RunLogger(tmp_path, tensorboard=False)  # a new run starts a new file
+    resumed.on_run_end(resumed_run, None)
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    JsonLinesLogger().on_run_start(FakeRun(tmp_path))  # a new run starts a new file
     assert read_metrics(tmp_path / "metrics.jsonl") == []
 
 

@@ -8,6 +8,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
+from agents.training.backend import TorchBackend  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.scripted.demonstrations import make_demonstrations  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
@@ -25,6 +26,14 @@ def env():
 def _policy(env, seed=0):
     codec = env.codec
     return HFPolicy(tiny_causal_lm(codec.vocab_size, layers=1, hidden=32, heads=2, seed=seed), codec)
+
+
+def _config(**changes) -> TrainConfig:
+    return TrainConfig().updated({"run.progress": False, **changes})
+
+
+def _warm_start(policy, config, env):
+    return warm_start(TorchBackend(policy, config), config, env)
 
 
 def test_loss_is_the_mean_negative_log_prob_of_trained_tokens():
@@ -62,16 +71,17 @@ def test_learning_rate_warms_up_then_decays_on_a_cosine():
 
 
 def test_warm_start_lowers_the_loss_and_is_seeded(env):
-    config = TrainConfig(sft_steps=25, sft_examples=48, sft_lr=1e-2, sft_second_hop_rate=0.5, micro_batch_size=4, progress=False)
+    config = _config(**{"warm_start.steps": 25, "warm_start.examples": 48, "warm_start.learning_rate": 1e-2,
+                        "warm_start.second_hop_rate": 0.5, "warm_start.batch_size": 8, "optim.micro_batch_size": 4})
     torch.manual_seed(0)
     policy = _policy(env)
-    result = warm_start(policy, config, env, batch_size=8)
+    result = _warm_start(policy, config, env)
     assert len(result.losses) == 25
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 2.0  # nats per trained token
     stats = result.as_dict()
     assert stats["sft/demonstrations"] == 48 and stats["sft/loss_last"] == result.losses[-1]
     again = _policy(env)
-    warm_start(again, config, env, batch_size=8)
+    _warm_start(again, config, env)
     for p, q in zip(policy.parameters(), again.parameters()):
         assert torch.equal(p, q)
 
@@ -82,8 +92,9 @@ def test_micro_batches_give_the_full_batch_step(env):
     results = []
     for micro in (8, 3):
         policy = _policy(env, seed=1)
-        config = TrainConfig(sft_steps=1, sft_examples=8, sft_lr=1e-3, micro_batch_size=micro, progress=False)
-        out = warm_start(policy, config, env, batch_size=8)
+        config = _config(**{"warm_start.steps": 1, "warm_start.examples": 8, "warm_start.learning_rate": 1e-3,
+                            "warm_start.batch_size": 8, "optim.micro_batch_size": micro})
+        out = _warm_start(policy, config, env)
         results.append((out.losses[0], [p.detach().clone() for p in policy.parameters()]))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     for p, q in zip(results[0][1], results[1][1]):
@@ -91,8 +102,8 @@ def test_micro_batches_give_the_full_batch_step(env):
 
 
 def test_bad_input(env):
-    with pytest.raises(ValueError, match="sft_steps"):
-        warm_start(_policy(env), TrainConfig(sft_steps=0), env)
+    with pytest.raises(ValueError, match=r"^warm_start.steps must be >= 1 for a warm start, got 0$"):
+        _warm_start(_policy(env), _config(), env)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
