@@ -53,7 +53,7 @@ def _dialect(name: str) -> Protocol:
 
 
 def test_a_registered_dialect_gets_its_own_writing() -> None:
-    register_protocol(_dialect("test-own-writing"), overwrite=True)
+    register_protocol(_dialect("test-own-writing"), replace=True)
     writer = DialectWriter(get_protocol("test-own-writing"))
     assert writer.think("why") == "<reason>why</reason>\n"
     assert writer.answer("Bob", evidence="Bob founded it") == "\n<cite> Bob founded it </cite><final> ANSWER=Bob </final>"
