@@ -32,6 +32,7 @@ EXTRAS = {
     "vllm": ["vllm"],
     "bench": ["fastapi>=0.110"],  # the Search-R1 server stand-in in benchmarks/peers
     "trl": ["trl>=1.16"],  # TRL's GRPOTrainer, run beside ours by benchmarks.grpo_step_vs_trl
+    "wandb": ["wandb>=0.17"],  # run.report_to: wandb (offline unless WANDB_MODE says otherwise)
     "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "deepspeed") for req in reqs})
