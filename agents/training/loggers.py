@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from agents.training.callbacks import Callback
+from search_env._optional import requires_extra
 
 if TYPE_CHECKING:
     from agents.training.trainer import Trainer, TrainResult
@@ -70,10 +71,8 @@ class WandbLogger(Callback):
     later with ``wandb sync``); the run's config goes with it. Needs the ``wandb`` package."""
 
     def on_run_start(self, trainer: Trainer) -> None:
-        try:
+        with requires_extra("wandb", "run.report_to: wandb"):
             import wandb
-        except ImportError:
-            raise ImportError("run.report_to wandb needs the wandb package: pip install wandb") from None
         self.directory = trainer.output_dir / WANDB_DIR
         self.directory.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(dir=str(self.directory), mode=os.environ.get("WANDB_MODE", "offline"),
