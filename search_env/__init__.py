@@ -7,20 +7,22 @@ from gymnasium.envs.registration import register
 
 from rewards.registry import UnknownNameError
 
+from search_env.batch import BatchEnv
 from search_env.data import QAExample, load_dataset
 from search_env.env import SearchQAEnv
 from search_env.protocols import SEED_PROTOCOLS, Protocol, available_protocols, get_protocol, register_protocol
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
+from search_env.types import Action, Observation, StepResult
 from search_env.vector import BatchSearchQAEnv
 from search_env.worker import EnvWorker
 from search_env.wrappers import FixedWindowObservation, FullContextObservation
 
 __all__ = [
-    "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "Protocol", "register_protocol", "get_protocol", "available_protocols", "SEED_PROTOCOLS",
-    "UnknownNameError",
-    "Passage", "Source", "SourceError", "Trajectory", "AGENT", "ENVIRONMENT",
-    "QAExample", "load_dataset", "FixedWindowObservation", "FullContextObservation",
+    "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "BatchEnv", "Protocol", "register_protocol", "get_protocol",
+    "available_protocols", "SEED_PROTOCOLS", "UnknownNameError", "Passage", "Source", "SourceError", "Trajectory",
+    "AGENT", "ENVIRONMENT", "Action", "Observation", "StepResult", "QAExample", "load_dataset",
+    "FixedWindowObservation", "FullContextObservation",
 ]
 __version__ = "0.1.0"
 

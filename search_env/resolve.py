@@ -6,6 +6,7 @@ saying what to pass instead. Kept apart from the environment so that ``env.py`` 
 """
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any, Mapping, Sequence
 
@@ -18,15 +19,26 @@ from search_env.protocols import Protocol
 from search_env.sources.base import Source
 
 __all__ = [
+    "resolve_budget",
     "resolve_dataset",
     "resolve_sources",
     "guard_sources",
+    "resolve_source_names",
     "default_aliases",
-    "offered_plan_tools",
+    "offer_plan_tools",
     "resolve_reward",
 ]
 
 _SOURCES_HELP = "a Source, a corpus path (jsonl, searched with BM25), or a mapping of names to those"
+
+
+def resolve_budget(name: str, value: Any, protocol_value: int | None, low: int) -> int | None:
+    """``value`` checked to be an int >= ``low``, or the protocol's ``protocol_value`` when it is None."""
+    if value is None:
+        return protocol_value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, or None for the protocol's; got {value!r}")
+    return int(value)
 
 
 def resolve_dataset(dataset: Any, seed: int, size: int) -> tuple[list[QAExample], Any]:
@@ -80,7 +92,7 @@ def resolve_sources(sources: Any, world: Any) -> dict[str, Source]:
 def _corpus_source(path: str | os.PathLike, name: str) -> Source:
     from search_env.sources.bm25 import BM25Source
 
-    return BM25Source(path, name=name)
+    return BM25Source(os.fspath(path), name=name)
 
 
 def guard_sources(sources: dict[str, Source], cache_size: int, timeout_s: float | None) -> dict[str, Source]:
@@ -98,31 +110,45 @@ def guard_sources(sources: dict[str, Source], cache_size: int, timeout_s: float 
     return {name: wrapped[id(source)] for name, source in sources.items()}
 
 
+def resolve_source_names(
+    sources: Mapping[str, Source], default_source: str | None, source_aliases: Mapping[str, str] | None
+) -> tuple[dict[str, str], str]:
+    """The aliases NL-DAG plans may use (lower-cased; :func:`default_aliases` when none are given) and
+    the source single queries go to (``"all"`` when there is one, else the first)."""
+    aliases = {k.lower(): v.lower() for k, v in (source_aliases or default_aliases(sources)).items()}
+    default = (default_source or ("all" if "all" in sources else next(iter(sources)))).lower()
+    if default not in sources:
+        raise ValueError(f"default_source {default!r} is not one of {sorted(sources)}")
+    return aliases, default
+
+
 def default_aliases(sources: Mapping[str, Source]) -> dict[str, str]:
     """Reasoning-search's tool names mapped onto the synthetic world's sources, when both exist."""
     aliases = {"general": "wiki", "academy": "papers", "search": "wiki"}
     return {k: v for k, v in aliases.items() if v in sources and k not in sources}
 
 
-def offered_plan_tools(
-    plan_tools: Sequence[tuple[str, str]], sources: Mapping[str, Source], aliases: Mapping[str, str]
-) -> tuple[tuple[str, str], ...]:
-    """The tools an NL-DAG prompt should offer in an environment with these sources and aliases.
+def offer_plan_tools(protocol: Protocol, sources: Mapping[str, Source], aliases: Mapping[str, str]) -> Protocol:
+    """``protocol`` with the tools its NL-DAG prompt offers fitted to these sources and aliases.
 
     The protocol's own list is kept whole when every name in it resolves (parity with the reference
     prompt, e.g. General/News/Academy over the synthetic world's wiki/news/papers). Otherwise the
     names that resolve are kept, and every source that none of them reaches is offered by its name.
+    A single-query protocol, or one that offers no tools, is returned as it is.
     """
+    if protocol.call_kind != "dag" or not protocol.plan_tools:
+        return protocol
+
     def target(name: str) -> str | None:
         key = normalize_source_name(name)
         key = aliases.get(key, key)
         return key if key in sources else None
 
-    kept = tuple((name, what) for name, what in plan_tools if target(name) is not None)
-    if len(kept) == len(plan_tools):
-        return tuple(plan_tools)
+    kept = tuple((name, what) for name, what in protocol.plan_tools if target(name) is not None)
+    if len(kept) == len(protocol.plan_tools):
+        return protocol
     reached = {target(name) for name, _ in kept}
-    return kept + tuple((name, "") for name in sources if name not in reached)
+    return protocol.with_options(plan_tools=kept + tuple((name, "") for name in sources if name not in reached))
 
 
 def resolve_reward(

@@ -64,15 +64,16 @@ class TagScanner:
         tag_at = i + bisect.bisect_left(list(lengths), end - back)
         return min(tag_at, eos_at)
 
-    def completed_tag(self, buf: bytearray, before: int, turn_start: int) -> tuple[int, int]:
-        """Which watched tag (its index in ``tags``; -1 for none) ends in the bytes after offset
-        ``before``, and the offset where it starts. The earliest-ending one wins."""
-        best, best_end, best_at = -1, None, -1
+    def completed_tag(self, buf: bytearray, before: int, turn_start: int) -> tuple[int, int] | None:
+        """Which watched tag (its index in ``tags``) ends in the bytes after offset ``before``, and the
+        offset where it starts; None when none does. The earliest-ending one wins."""
+        best: tuple[int, int] | None = None
+        best_end = 0
         for which, tag in enumerate(self.tags):
             pos = buf.find(tag, max(turn_start, before - len(tag) + 1))
-            if pos != -1 and (best_end is None or pos + len(tag) < best_end):
-                best, best_end, best_at = which, pos + len(tag), pos
-        return best, best_at
+            if pos != -1 and (best is None or pos + len(tag) < best_end):
+                best, best_end = (which, pos), pos + len(tag)
+        return best
 
 
 def token_range(ends: Sequence[int], byte_start: int, byte_end: int) -> tuple[int, int]:

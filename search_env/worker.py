@@ -11,10 +11,11 @@ remains on the rollout's side.
 
 The worker is forked from the caller (the ``fork`` start method, so Linux), after the environment was
 built: it shares the dataset and the search indexes copy-on-write and pickles nothing large (thread pools
-of sources are restarted in it: :mod:`search_env._fork`; sources that run a PyTorch model are refused). The
-caller's own :class:`BatchSearchQAEnv` stays usable for settings (``envs[0].protocol``, ``codec``,
-``examples``, budgets) and for episodes of its own, which are independent of the worker's. Results are
-exactly those of stepping the environment in the caller: the worker runs the same ``step``.
+of sources are restarted in it: :mod:`search_env._fork`; sources that run a PyTorch model are refused).
+An :class:`EnvWorker` is a :class:`~search_env.batch.BatchEnv`: its settings (``protocol``, ``codec``,
+``examples``, budgets) are read from the caller's own :class:`BatchSearchQAEnv`, which stays usable for
+episodes of its own, independent of the worker's. Results are exactly those of stepping the environment
+in the caller: the worker runs the same ``step``.
 """
 from __future__ import annotations
 
@@ -25,16 +26,21 @@ import signal
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from search_env.batch import BatchOptions, BatchStep, per_episode_options
+from search_env.data.example import QAExample
+from search_env.protocols import Protocol
+from search_env.tokenization import TokenCodec
+from search_env.types import Info, Observation, StepResult
 from search_env.vector import BatchSearchQAEnv
 
-__all__ = ["EnvWorker", "StepResult"]
+if TYPE_CHECKING:
+    from search_env.env import SearchQAEnv
 
-#: One row's step, as :meth:`SearchQAEnv.step` returns it: observation, reward, terminated, truncated, info.
-StepResult = tuple[dict, float, bool, bool, dict]
+__all__ = ["EnvWorker", "StepResult"]
 
 
 class EnvWorker:
@@ -58,12 +64,12 @@ class EnvWorker:
     def __init__(self, env: BatchSearchQAEnv) -> None:
         if "fork" not in multiprocessing.get_all_start_methods():
             raise RuntimeError("EnvWorker needs the 'fork' start method (Linux); step the BatchSearchQAEnv in-process instead")
-        unsafe = sorted(name for name, source in env.envs[0].sources.items() if not source.fork_safe)
+        unsafe = sorted(name for name, source in env.searcher.sources.items() if not source.fork_safe)
         if unsafe:
             raise ValueError(f"sources {unsafe} cannot search from a forked worker (they run a PyTorch model in-process): "
                              "serve them with the retrieval server (RemoteSource), or step the environment in-process")
-        self.env = env
-        self.envs = env.envs
+        self.env = env  #: the caller's copy, which the worker was forked from
+        self.envs = env.envs  #: the caller's copy's environments (the worker's episodes are not in them)
         self.num_envs = env.num_envs
         # Objects that live as long as the program (the world, its indexes) move out of the collector's
         # reach, so that neither process walks them, and the child's collections do not copy their pages.
@@ -83,7 +89,37 @@ class EnvWorker:
         self.busy_s = 0.0  #: the worker's time inside ``step`` for the steps collected so far
 
     # ---------------------------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: Sequence[dict | None] | dict | None = None):
+    @property
+    def examples(self) -> list[QAExample]:
+        """The dataset's questions (the caller's copy; the worker's are the same)."""
+        return self.env.examples
+
+    @property
+    def protocol(self) -> Protocol:
+        """The episodes' protocol."""
+        return self.env.protocol
+
+    @property
+    def codec(self) -> TokenCodec:
+        """The episodes' tokenizer."""
+        return self.env.codec
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Agent tokens per episode before truncation."""
+        return self.env.max_new_tokens
+
+    @property
+    def max_context(self) -> int:
+        """Total tokens per episode before truncation."""
+        return self.env.max_context
+
+    def make_env(self) -> SearchQAEnv:
+        """A new single environment in this process with the episodes' settings (see
+        :meth:`BatchSearchQAEnv.make_env`)."""
+        return self.env.make_env()
+
+    def reset(self, *, seed: int | None = None, options: BatchOptions = None) -> tuple[list[Observation], list[Info]]:
         """Reset every episode, as :meth:`BatchSearchQAEnv.reset` does.
 
         When every episode's question is given (``{"example": ...}`` or ``{"index": ...}``, no seed), the
@@ -92,10 +128,11 @@ class EnvWorker:
         its own observations are checked against them when its reply arrives (a difference raises
         ``RuntimeError``). Otherwise this waits for the worker."""
         self._check_idle("reset")
-        per_env = options if isinstance(options, (list, tuple)) else [options] * self.num_envs
-        if seed is not None or len(per_env) != self.num_envs or not all(o and ("example" in o or "index" in o) for o in per_env):
+        per_env = per_episode_options(options, self.num_envs)
+        given = [o for o in per_env if o and ("example" in o or "index" in o)]
+        if seed is not None or len(per_env) != self.num_envs or len(given) != len(per_env):
             return self._call("reset", (seed, options))
-        examples = [o["example"] if "example" in o else env.examples[int(o["index"])] for o, env in zip(per_env, self.envs)]
+        examples = [o["example"] if "example" in o else env.examples[int(o["index"])] for o, env in zip(given, self.envs)]
         firsts = [env.first_observation(example) for env, example in zip(self.envs, examples)]
         self._connection().send(("reset", (None, [{"example": example} for example in examples])))
         self._expected.append([obs["token_ids"] for obs, _ in firsts])
@@ -117,7 +154,7 @@ class EnvWorker:
         results, self._results = self._results, {}
         return results
 
-    def step(self, actions: Sequence[Sequence[int] | None]):
+    def step(self, actions: Sequence[Sequence[int] | None]) -> BatchStep:
         """Step as :meth:`BatchSearchQAEnv.step` does (``None``: leave the episode alone), waiting for the
         result: lists of observations and infos, and arrays of rewards, terminated and truncated flags."""
         if len(actions) != self.num_envs:
@@ -125,8 +162,8 @@ class EnvWorker:
         self.submit({row: ids for row, ids in enumerate(actions) if ids is not None})
         results = self.collect()
         terminated, truncated = self._flags[0].copy(), self._flags[1].copy()  # a row not stepped: its flags as they stand
-        observations: list[dict] = [{"token_ids": (), "producers": ()} for _ in range(self.num_envs)]
-        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        observations: list[Observation] = [{"token_ids": (), "producers": ()} for _ in range(self.num_envs)]
+        infos: list[Info] = [{} for _ in range(self.num_envs)]
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         for row, (obs, reward, term, trunc, info) in results.items():
             observations[row], rewards[row], terminated[row], truncated[row], infos[row] = obs, reward, term, trunc, info
@@ -239,7 +276,8 @@ def _serve(env: BatchSearchQAEnv, conn: Connection) -> None:
                 seed, options = argument
                 value = env.reset(seed=seed, options=options)
             elif command == "reward_step":
-                value = env.set_reward_step(argument)
+                env.set_reward_step(argument)
+                value = None
             else:
                 raise ValueError(f"unknown command {command!r}")
             reply: tuple[str, Any] = ("ok", value)

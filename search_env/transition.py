@@ -1,0 +1,220 @@
+"""The POMDP's transition: how the agent's tokens change an episode.
+
+Each agent token is appended to the episode's record (:class:`~search_env.episode.EpisodeBuffer`).
+When its bytes complete one of the protocol's close tags, the turn's text is read:
+
+- an answer's close tag records the answer (the episode's first one counts) and ends the episode,
+  unless the protocol runs on to the end-of-sequence token (ReSearch);
+- a call's close tag is checked (an open tag in the same turn, not inside an answer, a search left in
+  the turn budget), its content read as a query or an NL-DAG plan, and a request is yielded; the
+  results that come back are formatted as the protocol says and appended as environment tokens;
+- anything malformed (a close tag without its open tag, an empty query, an invalid plan, a failed
+  search) is appended as an error observation and counted, never raised.
+
+An end-of-sequence token ends the episode; the token and context budgets truncate it. NL-DAG plans:
+the environment runs any plan that :func:`~search_env.dag.validate.validate_plan` accepts (at most 8
+nodes, every node's source one of the environment's sources or aliases, edges between declared nodes,
+acyclic) and answers any other with an error observation listing the violations.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Collection, Generator, Sequence
+
+from search_env.episode import EpisodeBuffer
+from search_env.protocols import Protocol
+from search_env.scanner import TagScanner
+from search_env.searching import MAX_QUERY_CHARS, PlanRequest, Request, SearchRequest
+from search_env.sources.base import Passage
+from search_env.tokenization import TokenCodec
+from search_env.trajectory import ToolCall
+
+__all__ = ["Transition"]
+
+_CALL, _ANSWER = 0, 1  # the watched close tags, by their position in the scanner's tags
+
+#: What the transition yields (search requests), what it is sent back (their results), and what it returns.
+Stepping = Generator[Request, Any, int]
+
+
+class Transition:
+    """The transition rules of one environment (see the module docstring), with its settings.
+
+    Args:
+        protocol / codec: the tag dialect and the tokenizer (environment text is encoded with it).
+        max_new_tokens / max_context: the agent-token and total-token budgets.
+        max_turns: searches per episode (None: unlimited).
+        top_k: passages per query.
+        default_source: the source single queries go to.
+        plan_sources: the source names and aliases an NL-DAG plan may use.
+        max_result_tokens: cap on the document tokens of one result block (None: no cap).
+    """
+
+    def __init__(
+        self,
+        protocol: Protocol,
+        codec: TokenCodec,
+        *,
+        max_new_tokens: int,
+        max_context: int,
+        max_turns: int | None,
+        top_k: int,
+        default_source: str,
+        plan_sources: Collection[str],
+        max_result_tokens: int | None,
+    ) -> None:
+        self.protocol, self.codec = protocol, codec
+        self.scanner = TagScanner(codec, (protocol.call_close, protocol.answer_close))
+        self.token_bytes = codec.token_bytes
+        self.max_new_tokens, self.max_context, self.max_turns = max_new_tokens, max_context, max_turns
+        self.top_k, self.default_source, self.plan_sources = top_k, default_source, set(plan_sources)
+        self.max_result_tokens = max_result_tokens
+
+    def advance(self, ep: EpisodeBuffer, ids: Sequence[int]) -> Stepping:
+        """Take an action's ids until they run out or the episode ends; returns how many were used.
+        Runs of ids that need no attention are appended in bulk, the others one by one, so a chunk
+        gives exactly the episode its ids give one at a time."""
+        n = len(ids)
+        i = 0
+        while i < n and ep.end_reason is None:
+            room = min(self.max_new_tokens - ep.n_new, self.max_context - len(ep.ids))
+            j = self.scanner.next_attention(ids, i, room, ep.text, ep.turn_start)
+            if j > i:
+                ep.append_agent(ids[i:j], self.token_bytes)
+            if j < n:
+                yield from self._agent_token(ep, ids[j])
+                j += 1
+            i = j
+        return i
+
+    def _agent_token(self, ep: EpisodeBuffer, a: int) -> Generator[Request, Any, None]:
+        before = len(ep.text)
+        ep.append_agent_token(a, self.token_bytes)
+        if a in self.scanner.eos_ids:
+            ep.end("eos", truncated=False)
+            return
+        if self.scanner.may_close[a]:
+            completed = self.scanner.completed_tag(ep.text, before, ep.turn_start)
+            if completed is not None:
+                tag, at = completed
+                if tag == _ANSWER:
+                    self._close_answer(ep, at)
+                else:
+                    yield from self._close_call(ep, at)
+        if ep.end_reason is None and (ep.n_new >= self.max_new_tokens or len(ep.ids) >= self.max_context):
+            ep.end("max_new_tokens" if ep.n_new >= self.max_new_tokens else "max_context", truncated=True)
+
+    def _close_answer(self, ep: EpisodeBuffer, at: int) -> None:
+        p = self.protocol
+        opened = ep.text.rfind(p.answer_open.encode(), ep.turn_start, at)
+        if opened == -1:
+            ep.counters["invalid_calls"] += 1
+            self._insert(ep, p.invalid_action_text or p.error_text(f"{p.answer_close} without {p.answer_open}"), "error", "invalid_answer")
+            return
+        ep.add_span("answer", opened, at + len(p.answer_close))
+        if ep.answer_at is None:  # the first answer of the episode is the one recorded
+            ep.answer_at = (opened + len(p.answer_open), at)
+        if p.answer_ends_episode:
+            ep.end("answer", truncated=False)
+        else:
+            ep.event("answer")
+
+    def _close_call(self, ep: EpisodeBuffer, at: int) -> Generator[Request, Any, None]:
+        p = self.protocol
+        text, turn = ep.text, ep.turn_start
+        if text.rfind(p.answer_open.encode(), turn, at) > text.rfind(p.answer_close.encode(), turn, at):
+            ep.counters["calls_inside_answer"] += 1
+            ep.event("call_inside_answer")
+            return
+        opened = text.rfind(p.call_open.encode(), turn, at)
+        if opened == -1:
+            ep.counters["invalid_calls"] += 1
+            self._insert(ep, p.invalid_action_text or p.error_text(f"{p.call_close} without {p.call_open}"), "error", "invalid_call")
+            return
+        ep.add_span("call", opened, at + len(p.call_close))
+        content = ep.decode(opened + len(p.call_open), at)
+        if self.max_turns is not None and ep.n_searches >= self.max_turns:
+            ep.counters["budget_exhausted_calls"] += 1
+            self._insert(ep, p.error_text(f"Search budget of {self.max_turns} calls is used up; give the final answer."), "error", "search_budget")
+            return
+        if p.call_kind == "dag":
+            yield from self._dag_call(ep, content)
+            return
+        query = p.clean_query(content)
+        if not query:
+            ep.counters["empty_queries"] += 1
+            if p.empty_query_ends_episode:
+                ep.event("empty_query")
+                ep.end("empty_query", truncated=False)
+            else:
+                self._insert(ep, p.invalid_action_text or p.error_text("The query is empty."), "error", "empty_query")
+            return
+        if len(query) > MAX_QUERY_CHARS:
+            ep.counters["queries_cut"] += 1
+            query = query[:MAX_QUERY_CHARS]
+        call = ToolCall(turn=ep.n_searches + 1, kind="query", content=query, sources=[self.default_source], k=self.top_k)
+        passages: list[Passage] | None = yield from self._run_call(ep, call, SearchRequest(self.default_source, query, self.top_k))
+        if passages is None:
+            return
+        call.passage_ids = [ps.id for ps in passages]
+        self._insert_results(ep, p.format_docs(passages) if passages else p.empty_results_text)
+
+    def _dag_call(self, ep: EpisodeBuffer, content: str) -> Generator[Request, Any, None]:
+        from search_env.dag import format_dag_results, format_violations, parse_plan, validate_plan
+
+        p = self.protocol
+        plan = parse_plan(content)
+        violations = validate_plan(plan, known_sources=self.plan_sources)
+        if violations:
+            ep.counters["invalid_plans"] += 1
+            self._insert(ep, p.error_text(f"Invalid search plan:\n{format_violations(violations)}"), "error", "invalid_plan")
+            return
+        call = ToolCall(turn=ep.n_searches + 1, kind="dag", content=content, sources=[], k=self.top_k)
+        run = yield from self._run_call(ep, call, PlanRequest(plan, self.top_k))
+        if run is None:
+            return
+        call.nodes = [node.to_dict() for node in run.nodes]
+        call.sources = sorted({node.source for node in run.nodes})
+        call.passage_ids = [ps.id for node in run.nodes for ps in node.passages]
+        ep.counters["source_errors"] += sum(1 for node in run.nodes if node.error)
+        ep.counters["queries_cut"] += sum(1 for node in run.nodes if node.query_cut)
+        self._insert_results(ep, format_dag_results(run, p.format_docs))
+
+    def _run_call(self, ep: EpisodeBuffer, call: ToolCall, request: Request) -> Generator[Request, Any, Any]:
+        """Count and time one call, yield its request, record it; a failure (the answer is an
+        exception) becomes an error observation and None is returned."""
+        ep.n_searches += 1
+        ep.counters["searches"] += 1
+        call.started_at = time.time()
+        response = yield request
+        call.duration_s = time.time() - call.started_at
+        ep.trajectory.tool_calls.append(call)
+        if isinstance(response, BaseException):
+            call.error = f"{type(response).__name__}: {response}"
+            ep.counters["source_errors"] += 1
+            self._insert(ep, self.protocol.error_text(f"Search failed: {call.error}"), "error", "source_error")
+            return None
+        return response
+
+    # -- observations: environment text appended to the context --------------------------------
+    def _insert_results(self, ep: EpisodeBuffer, docs: str) -> None:
+        """A result block: the protocol's prefix, ``docs`` (cut to ``max_result_tokens``), its suffix."""
+        prefix, suffix = self.protocol.result_prefix, self.protocol.result_suffix
+        ids = self.codec.encode(prefix + docs + suffix)
+        cap = self.max_result_tokens
+        if cap is not None:
+            head, body, tail = self.codec.encode(prefix), self.codec.encode(docs), self.codec.encode(suffix)
+            if len(body) > cap:
+                ids = head + body[:cap] + tail
+        self._insert_ids(ep, ids, "result", "results")
+
+    def _insert(self, ep: EpisodeBuffer, text: str, kind: str, event: str) -> None:
+        self._insert_ids(ep, self.codec.encode(text), kind, event)
+
+    def _insert_ids(self, ep: EpisodeBuffer, ids: list[int], kind: str, event: str) -> None:
+        """Append an observation, cut where the context is full (which then ends the episode)."""
+        room = self.max_context - len(ep.ids)
+        ep.append_environment(ids[:room], self.token_bytes, kind)
+        ep.event(event)
+        if len(ids) > room:
+            ep.end("max_context", truncated=True)
