@@ -65,7 +65,9 @@ def run_episode(env: Any, agent: ScriptedAgent, *, seed: int | None = None, opti
     """Run one episode of ``agent`` in ``env`` (a SearchQA env, wrapped or not) and return its record.
 
     Text chunks are encoded once and stepped as id chunks; an agent that stops writing gets the
-    end-of-sequence token, which ends the episode.
+    end-of-sequence token, which ends the episode. What the environment appended after a chunk is
+    read from the episode's trajectory, not from the observation, which an observation wrapper may
+    have turned into a window or the whole context.
     """
     base = env.unwrapped
     writer = DialectWriter(base.protocol)
@@ -77,11 +79,11 @@ def run_episode(env: Any, agent: ScriptedAgent, *, seed: int | None = None, opti
         ids = base.codec.encode(text) if text else []
         if not text or (not base.protocol.answer_ends_episode and base.protocol.answer_close in text):
             ids = ids + [min(base.codec.eos_ids)]
-        obs, _, terminated, truncated, _ = env.step(ids)
+        appended_from = len(base.trajectory.token_ids) + len(ids)
+        _, _, terminated, truncated, _ = env.step(ids)
         if terminated or truncated:
             break
-        agent_len = len(ids)
-        observation_text = base.codec.decode(list(obs["token_ids"][agent_len:]))
+        observation_text = base.codec.decode(base.trajectory.token_ids[appended_from:])
     else:
         raise RuntimeError(f"{type(agent).__name__} did not finish an episode within {max_chunks} chunks")
     return base.trajectory
