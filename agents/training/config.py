@@ -19,6 +19,7 @@ model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -29,6 +30,15 @@ __all__ = [
     "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig",
     "TrainConfig", "WarmStartConfig",
 ]
+
+
+def _finite(group: str, obj: Any, *names: str) -> None:
+    """One-line errors for fields of ``obj`` that are NaN or infinite (a rate or limit of ``inf`` or
+    ``nan`` from a recipe would corrupt every update without an error)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not math.isfinite(value):
+            raise ValueError(f"{group}.{name} must be a finite number, got {value}")
 
 
 def _positive(group: str, obj: Any, *names: str, zero_ok: bool = False) -> None:
@@ -154,6 +164,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _positive("rollout", self, "questions_per_step")
+        _finite("rollout", self, "temperature", "top_p")
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -172,11 +183,20 @@ class OptimConfig:
         weight_decay: AdamW's weight decay.
         adam_betas: AdamW's betas.
         max_grad_norm: gradient-norm clipping (0: none).
-        warmup_steps: training steps of linear learning-rate warm-up (then constant).
+        warmup_steps: training steps of linear learning-rate warm-up (then constant). A warm-up longer
+            than ``run.steps`` draws a warning when the run starts: the rate never reaches
+            ``learning_rate`` (the run still learns, more slowly, so it is not refused: a recipe's
+            warm-up with a shortened trial ``--run.steps`` is common).
         warmup_ratio: the warm-up as a share of ``run.steps`` (verl's ``lr_warmup_steps_ratio``); use one of the two.
         update_epochs: passes over each rollout.
-        mini_batch_size: rows per optimiser step (0: the whole rollout).
+        mini_batch_size: rows per optimiser step (0: the whole rollout). One larger than a step's rows
+            (``rollout.questions_per_step`` x ``algorithm.group_size``) draws a warning when the run
+            starts: each pass is then one optimiser step over the whole rollout (the run still learns).
         micro_batch_size: rows per forward pass (gradient accumulation; 0: the whole mini-batch).
+        max_skipped_updates: a non-finite (NaN or infinite) gradient norm skips that optimiser update;
+            after this many skipped in a row the run stops with an error
+            (:class:`~agents.training.health.TrainingDiverged`): its weights or loss have diverged and
+            the steps left would train nothing.
     """
 
     learning_rate: float = 1e-6
@@ -188,9 +208,11 @@ class OptimConfig:
     update_epochs: int = 1
     mini_batch_size: int = 0
     micro_batch_size: int = 8
+    max_skipped_updates: int = 3
 
     def __post_init__(self) -> None:
-        _positive("optim", self, "update_epochs")
+        _positive("optim", self, "update_epochs", "max_skipped_updates")
+        _finite("optim", self, "learning_rate", "weight_decay", "max_grad_norm")
         _positive("optim", self, "mini_batch_size", "micro_batch_size", zero_ok=True)
         if not self.learning_rate > 0:
             raise ValueError(f"optim.learning_rate must be > 0, got {self.learning_rate}")
@@ -228,6 +250,7 @@ class WarmStartConfig:
     def __post_init__(self) -> None:
         _positive("warm_start", self, "steps", "copy_steps", zero_ok=True)
         _positive("warm_start", self, "examples", "batch_size")
+        _finite("warm_start", self, "learning_rate")
         if not self.learning_rate > 0:
             raise ValueError(f"warm_start.learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.second_hop_rate <= 1:
@@ -264,8 +287,12 @@ class RunConfig:
         device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
         backend: the training backend (``torch``; others as registered, see :mod:`agents.training.backend`).
         num_threads: torch's CPU threads.
-        output_dir: where logs, curve, config, checkpoint and the trained policy go.
+        output_dir: where logs, curve, config, checkpoint and the trained policy go. It must be writable
+            (checked when the run starts, before any model is loaded by the command line).
         resume: continue the run whose checkpoint is in ``output_dir``, exactly where it stopped.
+        overwrite: start a new run in an ``output_dir`` that already holds one (a ``metrics.jsonl`` or
+            ``checkpoint.pt``), replacing its logs, samples and checkpoint; without it (or ``resume``)
+            such a run is refused, so that an earlier run is never lost by a repeated command.
         stop_after: end this invocation after this many steps in all (checkpointed; a later ``resume``
             continues to ``steps``), e.g. to run in slices on a machine that is lent for a while.
         save_every: write a checkpoint every this many steps (one is always written at the end; 0: only then).
@@ -273,6 +300,14 @@ class RunConfig:
         report_to: where metrics go besides ``metrics.jsonl``: ``tensorboard``, ``wandb`` (offline unless
             ``WANDB_MODE`` says otherwise; needs the ``wandb`` package).
         progress: a progress bar; ``None``: when stderr is a terminal (or ``$SEARCHQA_PROGRESS`` says).
+            Without a bar, transformers' own bars (model loading, saving) are off too.
+        print_every: without a progress bar (a log file, CI), print a plain progress line to stderr every
+            this many steps: step, reward, EM, searches, failed searches, tokens/s, elapsed and
+            estimated time left (0: none). Evaluations print one line each either way.
+        sample_every: every this many steps, write a few of the step's episodes as text (question,
+            the agent's turns and the results it saw, reward components) to ``samples.jsonl`` (0: none).
+        warn_failed_searches: warn on stderr when at least this share of a step's searches failed (the
+            retrieval server down or timing out), at most once every few steps (0: never).
         log_entropy: log the policy's entropy on trained tokens (a softmax over the vocabulary per token of
             each update; computed anyway when the algorithm's ``entropy_coef`` uses it).
     """
@@ -284,16 +319,25 @@ class RunConfig:
     num_threads: int = 1
     output_dir: str = "runs/latest"
     resume: bool = False
+    overwrite: bool = False
     stop_after: int | None = None
     save_every: int = 0
     log_every: int = 1
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     progress: bool | None = None
+    print_every: int = 10
+    sample_every: int = 50
+    warn_failed_searches: float = 0.5
     log_entropy: bool = True
 
     def __post_init__(self) -> None:
         _positive("run", self, "steps", "num_threads", "log_every", "stop_after")
-        _positive("run", self, "save_every", zero_ok=True)
+        _positive("run", self, "save_every", "print_every", "sample_every", zero_ok=True)
+        _finite("run", self, "warn_failed_searches")
+        if not 0 <= self.warn_failed_searches <= 1:
+            raise ValueError(f"run.warn_failed_searches must be in [0, 1], got {self.warn_failed_searches}")
+        if self.resume and self.overwrite:
+            raise ValueError("give run.resume or run.overwrite, not both")
         self.report_to = list(self.report_to)
         unknown = sorted(set(self.report_to) - {"tensorboard", "wandb"})
         if unknown:
