@@ -12,9 +12,14 @@ MODULE`` imports a module before anything is read, so the algorithms, protocols 
 can be named. Parsing is jsonargparse's.
 
 Bad input - an unknown algorithm or flag (with the nearest known flag), a bad value, a missing model,
-dataset or corpus file, a tokenizer of another model - ends the program with one ``error:`` line and exit
-status 2. ``--help`` and flag errors answer before transformers (or any model) is loaded. At the end the
-program prints a before/after evaluation table and where the curve, logs, checkpoint and policy are.
+dataset or corpus file, a tokenizer of another model, a device this machine lacks, an output folder that
+is not writable or already holds a run (without ``--run.resume`` or ``--run.overwrite``) - ends the
+program with one ``error:`` line and exit status 2. ``--help``, flag, device and output-folder errors
+answer before transformers (or any model) is loaded. A run that fails while it trains - diverged
+(:class:`~agents.training.health.TrainingFailed`: too many updates in a row skipped for a non-finite
+gradient), or a checkpoint or log it cannot write (a full disk) - ends with one ``error:`` line naming the
+cause or the path, and exit status 1. At the end the program prints a before/after evaluation table, how
+many steps updated the policy, and where the curve, logs, checkpoint and policy are.
 
 In Python, :func:`agents.training.build.build_trainer` assembles what the command runs from a
 :class:`~agents.training.config.TrainConfig`.
@@ -138,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         config = parse_config(argv)
+        from agents.training.run_checks import check_device, check_output_dir
+
+        check_device(config.run.device)
+        check_output_dir(config.run)
         from search_env.console import progress_enabled
 
         if not progress_enabled(config.run.progress):
@@ -148,15 +157,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         trainer = build_trainer(config)
     except (ValueError, KeyError, OSError, ImportError) as exc:  # bad input; anything else is a bug: traceback
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
-        print(f"error: {_one_line(str(message))}", file=sys.stderr)
+        print(f"error: {_error_text(exc)}", file=sys.stderr)
         return 2
+    from agents.training.health import TrainingFailed
+
     try:
         result = trainer.train()
+    except (TrainingFailed, OSError) as exc:  # diverged, or a checkpoint or log it cannot write (a full disk)
+        print(f"error: {_error_text(exc)}", file=sys.stderr)
+        return 1
     finally:
         trainer.close_environments()
     print(result.report())
     return 0
+
+
+def _error_text(exc: BaseException) -> str:
+    """One line for ``exc``: a ``KeyError``'s message (not its repr); an ``OSError`` built with its own
+    message (the run's, naming the path) without the ``[Errno N]`` prefix."""
+    if isinstance(exc, KeyError) and exc.args:
+        return _one_line(str(exc.args[0]))
+    if isinstance(exc, OSError) and exc.strerror and not exc.filename:
+        return _one_line(exc.strerror)
+    return _one_line(str(exc))
 
 
 def _one_line(message: str) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import signal
 import sys
 import threading
@@ -56,11 +57,15 @@ from agents.training.backend import TrainingBackend
 from agents.training.callbacks import Callback
 from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, load_run, restore_rng, save_run
 from agents.training.config import TrainConfig
+from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
 from agents.training.evaluation import (
     EvalResult, evaluate, format_table, questions_by_hops, reward_component_means, summarize,
 )
+from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
 from agents.training.loggers import CURVE_FILE, METRICS_FILE, loggers_for
+from agents.training.run_checks import prepare_output
+from agents.training.samples import SampleLogger
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
@@ -92,6 +97,9 @@ class TrainResult:
             ``sampled`` (and ``greedy 1-hop`` ... with ``eval.by_hops``).
         output_dir / checkpoint_path / policy_dir: where the run's files, its checkpoint and the trained
             policy (a transformers model folder) went; the logs and curve are in ``output_dir``.
+        steps_run / updated_steps / skipped_updates: the training steps this :meth:`Trainer.train` call
+            took, how many of them changed the policy (at least one optimiser update applied), and the
+            optimiser updates skipped for a non-finite gradient norm.
     """
 
     step: int
@@ -101,6 +109,9 @@ class TrainResult:
     output_dir: Path
     checkpoint_path: Path
     policy_dir: Path
+    steps_run: int = 0
+    updated_steps: int = 0
+    skipped_updates: int = 0
 
     @property
     def metrics_path(self) -> Path:
@@ -113,6 +124,10 @@ class TrainResult:
     def report(self) -> str:
         """The before/after table and where things are, as the command prints them."""
         lines = [f"{self.algo}: {self.step} of {self.steps} steps"]
+        if self.steps_run:
+            lines.append(f"updated the policy at {self.updated_steps} of the {self.steps_run} steps this invocation took"
+                         + (f" ({self.skipped_updates} optimiser updates skipped: non-finite gradient norm)"
+                            if self.skipped_updates else ""))
         if self.evaluations:
             lines += ["", format_table(self.evaluations), ""]
         lines += [f"curve:       {self.curve_path}", f"metrics:     {self.metrics_path}",
@@ -154,7 +169,7 @@ class Trainer:
         self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
         self.agent_factory = agent_factory or self._sampler
-        self.callbacks: list[Callback] = [*loggers_for(config.run.report_to), *callbacks]
+        self.callbacks: list[Callback] = [*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
         self.order = QuestionOrder(len(env.envs[0].examples), config.run.seed)
         self.step = 0
         self.evaluations: dict[str, dict[str, EvalResult]] = {}
@@ -166,6 +181,7 @@ class Trainer:
         #: Compute the policy's entropy in updates to log it, even when the loss does not use it.
         self.log_entropy = config.run.log_entropy
         self._worker: EnvWorker | None = None
+        self._trailing_skips = 0  # optimiser updates skipped after the last step's last applied one
         if config.run.resume:
             self.load(self.checkpoint_path)
 
@@ -178,41 +194,55 @@ class Trainer:
         A fresh run evaluates first, then warm-starts (``warm_start.steps > 0``) and evaluates again. A
         checkpoint is written every ``run.save_every`` steps and when the call returns; a run that reached
         its last step is evaluated there (``"final"``) and leaves its policy as a model folder.
+
+        First ``run.output_dir`` must be writable and, for a fresh run, hold no earlier run unless
+        ``run.overwrite`` (:mod:`agents.training.run_checks`). Raises
+        :class:`~agents.training.health.TrainingDiverged` after ``optim.max_skipped_updates`` skipped
+        updates in a row (:mod:`agents.training.health`).
         """
-        run = self.config.run
         try:
-            self._call("on_run_start")
-            if not self.resumed:
-                self._write_config()
-                self._evaluate_stage("start")
-                if self.config.warm_start.steps > 0:
-                    self._evaluate_stage("warm start", self._warm_start())
-            last = run.steps if run.stop_after is None else min(run.steps, run.stop_after)
-            with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress, unit="step") as bar:
-                while self.step < last and not self.stop_requested:
-                    metrics = self.train_step()
-                    evaluated = self.config.eval.every > 0 and self.step % self.config.eval.every == 0 and self.step < run.steps
-                    if evaluated:
-                        metrics.update(self._evaluation_metrics(self._evaluate(None)))
-                    if evaluated or self.step % run.log_every == 0 or self.step == last:
-                        self._call("on_log", self.step, metrics)
-                    if run.save_every > 0 and self.step % run.save_every == 0:
-                        self.save(self.checkpoint_path)
-                    bar.update(1)
-                    if hasattr(bar, "set_postfix"):  # a drawn bar (the silent stand-in has no postfix)
-                        bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
-            if self.step >= run.steps and self._final_step != self.step:
-                self._evaluate_stage("final")
-            self.save(self.checkpoint_path)
-            policy_dir = self.output_dir / POLICY_DIR
-            if self.step >= run.steps:
-                self.export_policy(policy_dir)
-            result = TrainResult(self.step, run.steps, self.config.algo, dict(self.evaluations), self.output_dir,
-                                 self.checkpoint_path, policy_dir)
-            self._call("on_run_end", result)
-            return result
+            with quiet_transformers(self.config.run.progress):
+                return self._train()
         finally:
             self.close()
+
+    def _train(self) -> TrainResult:
+        run = self.config.run
+        prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.evaluations)
+        watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
+        failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
+        self._call("on_run_start")
+        if not self.resumed:
+            self._write_config()
+            self._evaluate_stage("start")
+            if self.config.warm_start.steps > 0:
+                self._evaluate_stage("warm start", self._warm_start())
+        last = run.steps if run.stop_after is None else min(run.steps, run.stop_after)
+        with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress, unit="step") as bar:
+            while self.step < last and not self.stop_requested:
+                metrics = self.train_step()
+                evaluated = self.config.eval.every > 0 and self.step % self.config.eval.every == 0 and self.step < run.steps
+                if evaluated:
+                    metrics.update(self._evaluation_metrics(self._evaluate(None)))
+                if evaluated or self.step % run.log_every == 0 or self.step == last or metrics.get("updates/skipped"):
+                    self._call("on_log", self.step, metrics)
+                watch.check(self.step, metrics, self._trailing_skips)
+                failed_searches.check(self.step, metrics)
+                if run.save_every > 0 and self.step % run.save_every == 0:
+                    self.save(self.checkpoint_path)
+                bar.update(1)
+                if hasattr(bar, "set_postfix"):  # a drawn bar (the silent stand-in has no postfix)
+                    bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
+        if self.step >= run.steps and self._final_step != self.step:
+            self._evaluate_stage("final")
+        self.save(self.checkpoint_path)
+        policy_dir = self.output_dir / POLICY_DIR
+        if self.step >= run.steps:
+            self.export_policy(policy_dir)
+        result = TrainResult(self.step, run.steps, self.config.algo, dict(self.evaluations), self.output_dir,
+                             self.checkpoint_path, policy_dir, watch.steps, watch.updated_steps, watch.skipped)
+        self._call("on_run_end", result)
+        return result
 
     @property
     def _final_step(self) -> int | None:
@@ -254,7 +284,9 @@ class Trainer:
         self._call("on_rollout", trajectories)
         batch = batch.select(_by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
-        stats: dict[str, float] = {"rows": float(len(batch)), "rollout_rounds": float(rounds)}
+        stats: dict[str, float] = {"rows": float(len(batch)), "rollout_rounds": float(rounds),
+                                   "updates/applied": 0.0, "updates/skipped": 0.0}
+        self._trailing_skips = 0
         if len(batch) and batch.trained_mask.any():
             batch = _to_device(batch, self.backend.device)
             self._score(batch)
@@ -270,6 +302,7 @@ class Trainer:
         metrics = {
             **summarize(trajectories).as_dict(),
             **{f"reward/{k}": v for k, v in reward_component_means(trajectories).items()},
+            **search_failures(trajectories),
             **stats,
             "lr": lr,
             "tokens_per_s": agent_tokens / max(now - started, 1e-9),
@@ -357,14 +390,17 @@ class Trainer:
         return one_step and not self.algorithm.uses_critic and not kl_in_reward
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
-        """``update_epochs`` passes of mini-batch optimiser steps; the mean of each statistic over steps."""
+        """``update_epochs`` passes of mini-batch optimiser steps; the mean of each statistic over steps,
+        and ``updates/applied`` and ``updates/skipped``: the optimiser steps the backend applied and
+        those it skipped for a non-finite gradient norm (the skips after the last applied one are kept
+        for the run's :class:`~agents.training.health.UpdateWatch`)."""
         optim = self.config.optim
         rows = len(batch)
         size = optim.mini_batch_size if 0 < optim.mini_batch_size < rows else rows
         shuffle = torch.Generator().manual_seed(self._seed("shuffle"))
         separate_critic = self.algorithm.uses_critic and not self.algorithm.value_head
         totals: dict[str, float] = defaultdict(float)
-        steps = 0
+        steps = applied = 0
         self.backend.train()
         with_entropy = self.algorithm.needs_entropy or self.log_entropy
         for _ in range(optim.update_epochs):
@@ -384,9 +420,13 @@ class Trainer:
                     self.backend.backward(loss)
                     for key, value in mb_stats.items():  # additive shares of the mini-batch's statistic
                         totals[key] += value
-                totals["grad_norm"] += self.backend.step()
+                norm = self.backend.step()
+                totals["grad_norm"] += norm
                 steps += 1
-        return {key: value / steps for key, value in totals.items()}
+                applied += math.isfinite(norm)
+                self._trailing_skips = 0 if math.isfinite(norm) else self._trailing_skips + 1
+        return {**{key: value / steps for key, value in totals.items()},
+                "updates/applied": float(applied), "updates/skipped": float(steps - applied)}
 
     def _sampler(self, greedy: bool, seed: int) -> RolloutAgent:
         rollout = self.config.rollout
@@ -477,7 +517,11 @@ class Trainer:
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint (:func:`agents.training.checkpoint.save_run`: the backend's folder, then the
         trainer's state naming it, replaced atomically)."""
-        path = save_run(path, self.step, self.state_dict(), self.backend)
+        try:
+            path = save_run(path, self.step, self.state_dict(), self.backend)
+        except OSError as exc:  # a full disk, a folder gone read-only: one line naming the checkpoint
+            reason = " ".join((exc.strerror or str(exc)).split())
+            raise OSError(exc.errno, f"could not write the checkpoint {path}: {reason}") from exc
         self._call("on_checkpoint", path)
         return path
 
