@@ -345,13 +345,62 @@ class TorchBackend(TrainingBackend):
         save_checkpoint(Path(directory) / BACKEND_FILE, self.state_dict())
 
     def load(self, directory: Path) -> None:
+        """Restore what :meth:`save` wrote (the file's digest checked first). The optimisers' settings -
+        learning rates, betas, weight decay - stay this backend's, from its config, and the current rates
+        follow from them and the restored schedule position: with the run's own config they are the saved
+        ones, and a setting deliberately changed on resume takes effect. A checkpoint of another model is
+        one ``ValueError`` line naming the file and the first mismatch."""
         from agents.training.checkpoint import load_checkpoint
 
-        self.load_state_dict(load_checkpoint(Path(directory) / BACKEND_FILE, map_location=self.device))
+        file = Path(directory) / BACKEND_FILE
+        state = load_checkpoint(file, map_location=self.device)
+        settings = [_optimizer_settings(optimizer, scheduler) for optimizer, scheduler in self._optimizers()]
+        try:
+            self.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ValueError(f"checkpoint {file} does not fit this model: {_first_problem(exc)}") from None
+        for (optimizer, scheduler), saved in zip(self._optimizers(), settings):
+            _restore_optimizer_settings(optimizer, scheduler, saved)
+
+    def _optimizers(self) -> list[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]]:
+        pairs = [(self.optimizer, self.scheduler)]
+        if self.critic_optimizer is not None:
+            pairs.append((self.critic_optimizer, self.critic_scheduler))
+        return pairs
 
 
 #: The file :class:`TorchBackend` writes into a checkpoint folder.
 BACKEND_FILE = "backend.pt"
+
+
+def _optimizer_settings(optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[list[dict[str, Any]], list[float]]:
+    """An optimiser's settings per parameter group (all but its parameters and rates) and its schedule's base rates."""
+    groups = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")} for group in optimizer.param_groups]
+    return groups, list(scheduler.base_lrs)
+
+
+def _restore_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler: Any,
+                                saved: tuple[list[dict[str, Any]], list[float]]) -> None:
+    """Put back settings taken by :func:`_optimizer_settings` over a loaded state, and set each group's rate
+    as the schedule computes it at its restored position (the loaded rate when nothing changed)."""
+    groups, base_lrs = saved
+    scheduler.base_lrs = list(base_lrs)
+    for group, settings, base, factor in zip(optimizer.param_groups, groups, base_lrs, scheduler.lr_lambdas):
+        group.update(settings)
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def _first_problem(exc: BaseException) -> str:
+    """The first line of torch's (multi-line) state-dict mismatch message, and how many more there are."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Error(s) in loading state_dict"):
+        lines = lines[1:]
+    first = " ".join(lines[0].split()) if lines else type(exc).__name__
+    if len(first) > 300:
+        first = first[:297] + "..."
+    return first + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
 
 
 def _linear_warmup(steps: int) -> Callable[[int], float]:
