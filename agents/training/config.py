@@ -310,6 +310,8 @@ class RunConfig:
             retrieval server down or timing out), at most once every few steps (0: never).
         log_entropy: log the policy's entropy on trained tokens (a softmax over the vocabulary per token of
             each update; computed anyway when the algorithm's ``entropy_coef`` uses it).
+        allow_changes: settings (``group.field``, a whole ``group``, or ``all``) that a resume may change
+            from the run's own; any other change is refused (see :mod:`agents.training.resume`).
     """
 
     steps: int = 100
@@ -329,6 +331,7 @@ class RunConfig:
     sample_every: int = 50
     warn_failed_searches: float = 0.5
     log_entropy: bool = True
+    allow_changes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _positive("run", self, "steps", "num_threads", "log_every", "stop_after")
@@ -339,6 +342,7 @@ class RunConfig:
         if self.resume and self.overwrite:
             raise ValueError("give run.resume or run.overwrite, not both")
         self.report_to = list(self.report_to)
+        self.allow_changes = list(self.allow_changes)
         unknown = sorted(set(self.report_to) - {"tensorboard", "wandb"})
         if unknown:
             raise ValueError(f"unknown run.report_to {', '.join(unknown)}; known: tensorboard, wandb")

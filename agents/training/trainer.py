@@ -55,7 +55,7 @@ from agents.rollout.collect import RolloutTimings, collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
 from agents.training.backend import TrainingBackend
 from agents.training.callbacks import Callback
-from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, load_run, restore_rng, save_run
+from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, restore_rng, save_run
 from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
@@ -64,6 +64,7 @@ from agents.training.evaluation import (
 )
 from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
 from agents.training.loggers import CURVE_FILE, METRICS_FILE, loggers_for
+from agents.training.resume import resume_run, run_state, start_run
 from agents.training.run_checks import prepare_output
 from agents.training.samples import SampleLogger
 from search_env import BatchSearchQAEnv
@@ -212,11 +213,7 @@ class Trainer:
         watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
         failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
         self._call("on_run_start")
-        if not self.resumed:
-            self._write_config()
-            self._evaluate_stage("start")
-            if self.config.warm_start.steps > 0:
-                self._evaluate_stage("warm start", self._warm_start())
+        start_run(self)  # config, "start" evaluation, warm start (checkpointed), "warm start" evaluation: those not done
         last = run.steps if run.stop_after is None else min(run.steps, run.stop_after)
         with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress, unit="step") as bar:
             while self.step < last and not self.stop_requested:
@@ -518,7 +515,7 @@ class Trainer:
         """Write a checkpoint (:func:`agents.training.checkpoint.save_run`: the backend's folder, then the
         trainer's state naming it, replaced atomically)."""
         try:
-            path = save_run(path, self.step, self.state_dict(), self.backend)
+            path = save_run(path, self.step, {**self.state_dict(), **run_state(self)}, self.backend)
         except OSError as exc:  # a full disk, a folder gone read-only: one line naming the checkpoint
             reason = " ".join((exc.strerror or str(exc)).split())
             raise OSError(exc.errno, f"could not write the checkpoint {path}: {reason}") from exc
@@ -527,7 +524,7 @@ class Trainer:
 
     def load(self, path: str | Path) -> None:
         """Continue from a checkpoint written by :meth:`save` (the next :meth:`train` resumes the run)."""
-        self.load_state_dict(load_run(path, self.backend))
+        self.load_state_dict(resume_run(self, path))  # checked: files, settings (agents.training.resume)
         self.resumed = True
 
     def _write_config(self) -> None:

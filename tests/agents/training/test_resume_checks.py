@@ -1,0 +1,270 @@
+"""Resume is exact, or refused: a changed setting is refused in one line unless ``run.allow_changes``
+names it (then it takes effect and is recorded), what a kill mid-save left is removed, a torn last
+line of the metrics log is dropped, and a Ctrl-C during the first evaluation or the warm start stops
+cleanly, with a checkpoint that resumes without redoing what was done - bit-identical to a run never
+stopped."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, skip_without
+
+skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
+import torch  # noqa: E402
+
+from agents.training.build import build_trainer  # noqa: E402
+from agents.training.callbacks import Callback  # noqa: E402
+from agents.training.checkpoint import load_checkpoint  # noqa: E402
+from agents.training.trainer import Trainer  # noqa: E402
+from tests.agents.training.tiny import records, run, small_config  # noqa: E402
+
+#: The tiny run, two steps of which the first is done before each resume.
+BASE = {"run.steps": 2, "eval.questions": 0, "model.tiny_layers": 1, "model.tiny_hidden": 32, "model.tiny_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """A tiny run stopped after its first of two steps."""
+    folder = tmp_path_factory.mktemp("stopped") / "run"
+    run(small_config("grpo", folder, {**BASE, "run.stop_after": 1}))
+    return folder
+
+
+def copy_of(stopped_run: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(stopped_run, folder)
+    return folder
+
+
+def resumed(folder: Path, changes: dict | None = None):
+    return small_config("grpo", folder, {**BASE, "run.resume": True, **(changes or {})})
+
+
+# -- changed settings ---------------------------------------------------------------------------
+def test_a_changed_setting_is_refused_in_one_line_listing_each_difference(stopped_run, tmp_path):
+    folder = copy_of(stopped_run, tmp_path)
+    with pytest.raises(ValueError) as error:
+        build_trainer(resumed(folder, {"optim.learning_rate": 5e-3, "algorithm.group_size": 4}))
+    message = str(error.value)
+    assert "\n" not in message
+    assert "optim.learning_rate 0.001 -> 0.005" in message and "algorithm.group_size 2 -> 4" in message
+    assert "run.allow_changes: [algorithm.group_size, optim.learning_rate]" in message
+    assert not (folder / "resume_log.jsonl").exists()
+
+
+def test_the_command_line_refuses_a_changed_seed_with_one_error_line(stopped_run, tmp_path, capsys):
+    from agents.train import main
+
+    folder = copy_of(stopped_run, tmp_path)
+    capsys.readouterr()  # the run's own config.json (JSON is YAML) as the recipe, with another seed
+    status = main(["--config", str(folder / "config.json"), "--run.output_dir", str(folder), "--run.resume", "true",
+                   "--run.seed", "7"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: the resumed run's settings differ") and "run.seed 0 -> 7" in err
+
+
+def test_free_settings_change_without_being_allowed(stopped_run, tmp_path):
+    folder = copy_of(stopped_run, tmp_path)
+    trainer, result = run(resumed(folder, {"run.steps": 3, "run.log_every": 2, "run.save_every": 1, "eval.every": 5,
+                                           "rollout.env_worker": True}))
+    assert result.step == 3
+    logged = json.loads((folder / "resume_log.jsonl").read_text().splitlines()[0])
+    assert logged["step"] == 1 and logged["allowed"] == [] and logged["changes"]["run.steps"] == [2, 3]
+
+
+def test_a_warm_up_given_as_a_share_of_the_steps_ties_them(tmp_path):
+    folder = tmp_path / "run"
+    config = small_config("grpo", folder, {**BASE, "optim.warmup_ratio": 0.5, "run.stop_after": 1})
+    run(config)
+    with pytest.raises(ValueError, match=r"run.steps 2 -> 4"):
+        build_trainer(config.updated({"run.resume": True, "run.steps": 4, "run.stop_after": None}))
+
+
+def test_an_allowed_learning_rate_takes_effect_and_is_recorded(stopped_run, tmp_path):
+    folder = copy_of(stopped_run, tmp_path)
+    trainer, result = run(resumed(folder, {"optim.learning_rate": 5e-3, "run.allow_changes": ["optim.learning_rate"]}))
+    assert result.step == 2
+    assert [r["lr"] for r in records(result.metrics_path) if "stage" not in r] == [1e-3, 5e-3]
+    assert trainer.backend.optimizer.param_groups[0]["initial_lr"] == 5e-3
+    record = json.loads((folder / "resume_log.jsonl").read_text())
+    assert record["step"] == 1 and record["allowed"] == ["optim.learning_rate"]
+    assert record["changes"]["optim.learning_rate"] == [1e-3, 5e-3] and record["changes"]["run.resume"] == [False, True]
+    assert json.loads((folder / "config.json").read_text())["optim"]["learning_rate"] == 5e-3
+    # The next resume compares with the settings the run now has: the new rate needs no permission again.
+    from agents.training.resume import settings_changes
+
+    assert settings_changes(json.loads(load_checkpoint(folder / "checkpoint.pt")["config_json"]),
+                            resumed(folder, {"optim.learning_rate": 5e-3})) == {
+        "run.allow_changes": (["optim.learning_rate"], [])}
+
+
+def test_a_whole_group_or_all_can_be_allowed_and_a_misspelt_name_is_refused(stopped_run, tmp_path):
+    folder = copy_of(stopped_run, tmp_path)
+    trainer = build_trainer(resumed(folder, {"optim.learning_rate": 2e-3, "optim.weight_decay": 0.1,
+                                             "run.allow_changes": ["optim"]}))
+    trainer.close_environments()
+    group = trainer.backend.optimizer.param_groups[0]
+    assert (group["lr"], group["weight_decay"]) == (2e-3, 0.1)  # not the optimiser state's saved settings
+    with pytest.raises(ValueError, match=r"run.allow_changes names no setting: 'optim.lr' \(did you mean optim.l"):
+        build_trainer(resumed(folder, {"optim.learning_rate": 2e-3, "run.allow_changes": ["optim.lr"]}))
+
+
+# -- what a kill mid-save leaves ---------------------------------------------------------------
+def test_a_resume_removes_what_a_kill_mid_save_left(tmp_path):
+    config = small_config("grpo", tmp_path, {**BASE, "run.stop_after": 1})
+    run(config)
+    # What a kill (no cleanup runs) during a later save leaves: the trainer state's temporary file, and a
+    # half-written step folder that checkpoint.pt does not name.
+    (tmp_path / ".checkpoint.pt.k1ll3d.tmp").write_bytes(b"PK\x03\x04 half")
+    (tmp_path / "checkpoints" / "step-2").mkdir()
+    (tmp_path / "checkpoints" / "step-2" / ".backend.pt.x.tmp").write_bytes(b"half")
+    trainer = build_trainer(config.updated({"run.resume": True}))
+    trainer.close_environments()
+    assert trainer.step == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-1"]
+
+
+# -- a torn metrics log -------------------------------------------------------------------------
+def test_a_torn_last_line_of_the_log_is_dropped_with_one_line(stopped_run, tmp_path, capsys):
+    folder = copy_of(stopped_run, tmp_path)
+    whole = (folder / "metrics.jsonl").read_text()
+    with open(folder / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 2, "reward": 0.')  # a kill mid-write
+    capsys.readouterr()
+    _, result = run(resumed(folder))
+    err = [line for line in capsys.readouterr().err.splitlines() if "torn" in line or "Traceback" in line]
+    assert err == [f"{folder / 'metrics.jsonl'}: dropped a torn last line (24 bytes, a write cut short)"]
+    assert result.step == 2
+    assert (folder / "metrics.jsonl").read_text().startswith(whole)
+    assert [r["step"] for r in records(result.metrics_path)] == [1, 2]
+
+
+def test_a_damaged_line_before_the_last_is_refused(stopped_run, tmp_path):
+    folder = copy_of(stopped_run, tmp_path)
+    lines = (folder / "metrics.jsonl").read_text()
+    (folder / "metrics.jsonl").write_text("{not json\n" + lines)
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 1 is not a JSON record"):
+        build_trainer(resumed(folder))
+
+
+# -- Ctrl-C during the start --------------------------------------------------------------------
+WARM = {"run.steps": 1, "eval.questions": 2, "warm_start.steps": 3, "warm_start.examples": 4,
+        "warm_start.batch_size": 2, "warm_start.learning_rate": 1e-2}
+
+
+class CtrlCAt(Callback):
+    """Sends the process a real SIGINT when the evaluation of ``stage`` starts."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def on_evaluation_start(self, trainer, stage):
+        if stage == self.stage:
+            signal.raise_signal(signal.SIGINT)
+
+
+def weights(trainer) -> dict[str, torch.Tensor]:
+    out = {f"policy.{k}": v for k, v in trainer.policy.state_dict().items()}
+    out.update({f"reference.{k}": v for k, v in trainer.backend.reference.state_dict().items()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def never_stopped(tmp_path_factory):
+    trainer, result = run(small_config("grpo", tmp_path_factory.mktemp("whole"), WARM))
+    return weights(trainer), result
+
+
+@pytest.mark.parametrize("where", ["start", "warm start", "in the warm start"])
+def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(tmp_path, capsys, monkeypatch, never_stopped,
+                                                                          where):
+    config = small_config("grpo", tmp_path, WARM)
+    trainer = build_trainer(config, callbacks=[CtrlCAt(where)] if where != "in the warm start" else [])
+    if where == "in the warm start":  # a Ctrl-C in the middle of the warm start's second optimiser step
+        step, calls = trainer.backend.step, []
+
+        def interrupted_step():
+            calls.append(1)
+            if len(calls) == 2:
+                signal.raise_signal(signal.SIGINT)
+            return step()
+
+        monkeypatch.setattr(trainer.backend, "step", interrupted_step)
+    capsys.readouterr()
+    try:
+        stopped = trainer.train()
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C escaped Trainer.train as a KeyboardInterrupt (a traceback on the command line)")
+    finally:
+        trainer.close_environments()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("stopp", "Traceback"))]
+    part = {"start": "the start evaluation", "warm start": "the evaluation after the warm start",
+            "in the warm start": "the warm start"}[where]
+    assert len(err) == 1 and err[0].startswith(f"stopped during {part}; --run.resume true")
+    assert stopped.step == 0 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    done = load_checkpoint(stopped.checkpoint_path)["start_done"]
+    assert done == {"start": [], "in the warm start": ["start"], "warm start": ["start", "warm start"]}[where]
+
+    warm_starts = []
+    real = Trainer._warm_start
+    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(1) or real(self))
+    trainer, result = run(config.updated({"run.resume": True}))
+    assert len(warm_starts) == (0 if where == "warm start" else 1)  # a finished warm start is never redone
+    stages = [r.get("stage") for r in records(result.metrics_path)]
+    assert stages.count("start") == 1 and stages.count("warm start") == 1 and result.step == 1
+    expected, _ = never_stopped
+    got = weights(trainer)
+    assert expected.keys() == got.keys()
+    for key, value in expected.items():
+        assert torch.equal(value, got[key]), key
+    assert result.evaluations == never_stopped[1].evaluations
+
+
+def test_ctrl_c_to_the_command_during_the_warm_start(tmp_path, monkeypatch):
+    """A real process, a real SIGINT once the warm start has begun (its checkpoint from before it is
+    there): exit status 0, one line saying where it stopped, no traceback; the resume keeps the start
+    evaluation and starts the warm start again."""
+    folder = tmp_path / "run"
+    flags = ["--run.steps", "1", "--rollout.questions_per_step", "2", "--algorithm.group_size", "2",
+             "--env.max_new_tokens", "16", "--data.world_size", "30", "--eval.questions", "2", "--run.report_to", "[]",
+             "--run.progress", "false", "--model.tiny_layers", "1", "--model.tiny_hidden", "32", "--model.tiny_heads", "2",
+             "--warm_start.steps", "100000", "--warm_start.examples", "4", "--warm_start.batch_size", "2",
+             "--run.output_dir", str(folder)]
+    process = subprocess.Popen([sys.executable, "-m", "agents.train", *flags], cwd=REPO_ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 150  # a guard against a hung process, not a verdict
+        while not (folder / "checkpoint.pt").exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the warm start never began"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode in (0, 130), err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith(("stopp", "Traceback"))]
+    assert lines == ["stopped during the warm start; --run.resume true starts the warm start again"], err
+    assert "grpo: 0 of 1 steps" in out
+    state = load_checkpoint(folder / "checkpoint.pt")
+    assert state["step"] == 0 and state["start_done"] == ["start"]
+
+    from agents.train import parse_config
+
+    warm_starts = []
+    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(1) or {"sft/steps": 0.0})
+    _, result = run(parse_config([*flags, "--run.resume", "true"]))
+    assert warm_starts == [1] and result.step == 1
+    assert [r.get("stage") for r in records(result.metrics_path)].count("start") == 1  # not evaluated again
