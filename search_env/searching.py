@@ -65,6 +65,10 @@ class Searcher:
         the same query), at the largest ``k`` asked, each answer cut to its request's ``k``. Plans run
         on worker threads beside the searches when the round holds anything else; a lone plan runs on
         the calling thread."""
+        if len(pending) == 1:  # one episode's step: nothing to group
+            ((key, request),) = pending.items()
+            if isinstance(request, SearchRequest):
+                return {key: self.search(request.source, [request.query], request.k)[0]}
         answers: dict[K, Any] = {}
         by_source: dict[str, list[tuple[K, SearchRequest]]] = defaultdict(list)
         plans: dict[K, PlanRequest] = {}
@@ -77,7 +81,7 @@ class Searcher:
                 raise TypeError(f"unknown request {request!r}")
         futures: dict[K, Future] = {}
         if len(plans) == 1 and not by_source:
-            (key, plan), = plans.items()
+            ((key, plan),) = plans.items()
             answers[key] = self.run_plan(plan)
         elif plans:
             pool = self._plan_pool()
