@@ -34,6 +34,9 @@ first, then the nodes whose parents are all in earlier generations, and so on), 
 same plan therefore always gives the same result block, so the same seed and the same ids give the
 same episode however the sources' latencies fall. Times are seconds since the run began
 (``time.perf_counter``), for the trajectory record.
+
+This module runs past 450 lines on purpose: the run's result types, the source table and the
+scheduler are one algorithm, read together.
 """
 from __future__ import annotations
 

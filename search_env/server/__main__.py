@@ -16,8 +16,7 @@ import os
 import sys
 
 # Before torch is imported (build_source imports it lazily): OpenMP workers that spin after each
-# encode would starve the event loop thread that reads the next requests. Measured on 2 cores with
-# 2 encoder threads: 1.2 queries/s at one query per request with spinning, 50 with passive waiting.
+# encode would starve the event loop thread that reads the next requests (benchmarks/RESULTS.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from search_env.console import HelpFormatter

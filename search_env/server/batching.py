@@ -1,24 +1,22 @@
 """Cross-request micro-batching: many concurrent HTTP requests, few ``source.search`` calls.
 
-Why: a dense retriever encodes a batch of queries for far less than the sum of single-query encodes
-(on one CPU core MiniLM answers 2-3x more queries per second in batches of 8 than one by one), so a
-server that searched request by request would waste most of its time. Requests that arrive while
-the searches are running queue up and are answered together by the next call. Up to
-``concurrency`` calls run at once on worker threads, so on a multi-core machine one batch is
-encoded while the next is gathered and encoded beside it: with eight single-query clients on two
-cores, two calls in flight answered 193 queries/s against 138 for one call at a time, where one
-core encoded while the other mostly waited for responses to go out and requests to come in.
+Why: a dense retriever encodes a batch of queries for far less than the sum of single-query encodes,
+so a server that searched request by request would waste most of its time. Requests that arrive
+while the searches are running queue up and are answered together by the next call. Up to
+``concurrency`` calls run at once on worker threads, so on a multi-core machine one batch is encoded
+while the next is gathered and encoded beside it; with one call at a time, one core encodes while
+the other mostly waits for responses to go out and requests to come in.
 
 Before a search starts, the batcher waits up to ``max_wait_s`` only for requests the server has
 already begun to read (announced with :meth:`MicroBatcher.expect`), never on speculation: a fixed
-wait adds its full length to every request of a lone client, which on a busy 2-core machine
-measured as half the throughput of a sequential client against BM25.
+wait adds its full length to every request of a lone client, which costs a sequential client much of
+its throughput.
 
 A lone client (every recent request on one connection, nothing else queued or running) has its
 small requests searched on the event-loop thread itself: nothing else needs the loop meanwhile, and
-skipping the hand-over to a worker thread (which wakes a thread on another, idle core) made a
-one-query dense request 13.2 -> 9.7-10.7 ms on two cores. A second connection turns this off for
-:data:`SHARED_WINDOW_S`, so concurrent clients never wait behind another's search.
+skipping the hand-over to a worker thread (which wakes a thread on another, idle core) shortens each
+request. A second connection turns this off for :data:`SHARED_WINDOW_S`, so concurrent clients never
+wait behind another's search. The measured figures behind these rules are in ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 
 Tokenising and indexing use ``bm25s`` (its tokenizer, its Lucene-variant BM25 score matrix, its
 save/load format). The top-k selection is done here rather than by ``bm25s.BM25.retrieve``, for two
-reasons measured on the 13.8k-passage shared corpus: ``retrieve`` runs ``np.argpartition`` over the
-whole score vector, which degenerates on BM25's mostly-zero vectors (about 0.27 ms per query against
-0.04 ms when only the matching passages are ranked), and its order among equal scores is not
-specified. Here a query ranks only the passages that match at least one of its terms, ties go to the
+reasons: ``retrieve`` runs ``np.argpartition`` over the whole score vector, which degenerates on BM25's
+mostly-zero vectors (several times slower than ranking only the matching passages; figures in
+``benchmarks/RESULTS.md``), and its order among equal scores is not specified. Here a query ranks only the passages that match at least one of its terms, ties go to the
 passage that comes first in the corpus, and passages without a matching term are never returned —
 the behaviour of Lucene-style engines, so a query of stopwords or unknown words gets no results.
 """
@@ -171,10 +170,9 @@ def _kth_largest(values: np.ndarray, k: int) -> float:
     """The ``k``-th largest of ``values``, repeats counted (``1 <= k <= len(values)``).
 
     A query's scores take few distinct values when common terms match most passages (a passage matching
-    only "population" scores by its length alone): on the demo's 117,500-passage world a query matches
-    30,000 passages with 8 distinct scores, and ``np.partition`` degenerates on such repeats (0.64 ms a
-    query, median of 200) where stepping down the distinct values from the top takes 0.05 ms. Each step
-    is one pass, and there are at most ``k`` steps, so a large ``k`` partitions.
+    only "population" scores by its length alone), and ``np.partition`` degenerates on such repeats where
+    stepping down the distinct values from the top stays fast (figures in ``benchmarks/RESULTS.md``).
+    Each step is one pass, and there are at most ``k`` steps, so a large ``k`` partitions.
     """
     if k > _STEP_DOWN_MAX_K:
         return float(np.partition(values, values.size - k)[values.size - k])

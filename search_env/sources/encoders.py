@@ -189,24 +189,24 @@ class TransformersEncoder(TextEncoder):
             normalisation stay in float32); "fp16" (half-precision weights, for GPUs); "auto" means
             fp16 on CUDA, bf16 on a CPU with native bfloat16 and fp32 otherwise. Converting once
             rather than autocasting matters for single queries: autocast re-casts every weight
-            matrix on every call, which on one core made a one-query MiniLM encode take 8.4 ms
-            against 5.0 ms with bf16 weights (12.8 ms in fp32); cosine to the fp32 embedding is
-            0.99996. Precision is left out of :attr:`signature`: embeddings made at one precision
-            are interchangeable with another's for retrieval.
+            matrix on every call, which costs a one-query encode most of what bf16 saves.
+            Precision is left out of :attr:`signature`: embeddings made at one precision are
+            interchangeable with another's for retrieval (bf16 embeddings are near-identical to
+            fp32 ones; figures in ``benchmarks/RESULTS.md``).
         workers: batches encoded at once on Python threads (torch releases the GIL inside its
             kernels); None means one per available core (:func:`available_cores`) on CPU and 1 on
             CUDA. Combined with one torch intra-op thread this spreads a corpus over the cores
             without OpenMP's per-operation barriers, which on a machine where other processes hold
             cores turn a 2-thread run several times slower than a 1-thread one. A small query batch
             (the retrieval server's merged requests) is cut into one length-sorted slice per worker
-            too when each slice keeps :data:`MIN_SLICE` texts: with 2 workers on 2 cores, 8 HotpotQA
-            questions encoded in 21 ms instead of 32 ms. Smaller batches run on the calling thread.
+            too when each slice keeps :data:`MIN_SLICE` texts, which shortens a merged request's
+            encode on two cores. Smaller batches run on the calling thread.
         num_threads: if given, set torch's (process-wide) intra-op thread count to it. With
             ``workers`` > 1, 1 is the right value; more oversubscribes the cores.
         compile_model: compile the model with ``torch.compile`` (dynamic shapes; needs a C++
             compiler on CPU) and warm it up here, so no caller waits for the compilation. Torch
-            backend only. On a shared 2-core CPU it took 10-50 s and made a one-query MiniLM
-            encode 8-30% faster (runs alternated; the machine's drift blurs the figure).
+            backend only. On a small CPU it takes tens of seconds and makes a one-query encode
+            somewhat faster (figures in ``benchmarks/RESULTS.md``).
         backend: "torch", "openvino" (CPU only; the model is converted at load, see
             :mod:`search_env.sources.openvino_runtime`) or "auto": OpenVINO on a CPU when the
             package is installed and ``compile_model`` is not asked for (falling back to torch,

@@ -1,12 +1,9 @@
 """Running a transformers encoder on the CPU with OpenVINO: the backend that makes a lone query fast.
 
 Why a second runtime: PyTorch runs a one-query MiniLM encode on one core only (splitting its small
-matrix products over two OpenMP threads gained nothing on our 2-core machine), while OpenVINO
-spreads each inference over its own thread pool and fuses the layer's small operations. Measured
-on 2 shared cores, encoding one HotpotQA question: 6.4 ms with PyTorch (bfloat16 weights, one
-thread) against 4.0 ms with OpenVINO (bfloat16, two threads), runs alternated. Through the retrieval
-server at one query per request (``python -m benchmarks.retrieval_throughput``, median of 5), 158
-queries/s with this backend against 77 with ``--backend torch`` in the invocation after it.
+matrix products over two OpenMP threads gained nothing on a 2-core machine), while OpenVINO spreads
+each inference over its own thread pool and fuses the layer's small operations, so a lone query is
+encoded faster, directly and through the retrieval server (figures in ``benchmarks/RESULTS.md``).
 
 The model is converted straight from the loaded PyTorch module (no ONNX file), with pooling and
 L2 normalisation inside the converted graph, and compiled for dynamic batch and sequence length.

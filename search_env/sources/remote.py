@@ -136,7 +136,7 @@ def _retrieve_url(url: str) -> str:
 DEFAULT_TIMEOUT_S = 5.0
 """Default deadline of one ``search`` call. A healthy retrieval server answers a batch in well under a
 second; five seconds leave room for a cold cache or a queue on the server, and cap what a hung server
-costs a training step (it was 30 s with per-read timeouts of 10 s and three attempts)."""
+costs a training step (per-read socket timeouts with retries let one call wait several times longer)."""
 
 _HEADERS = {"Content-Type": "application/json"}
 _RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final

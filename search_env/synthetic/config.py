@@ -19,8 +19,8 @@ class WorldConfig:
     set the question mix; the rest are chain questions, with hop counts spread evenly over
     1..``max_hops``. ``stem_tokens``, when set, draws only the invented words (stems of every name)
     that the built-in tokenizer writes in exactly that many tokens after a space: names a small model
-    copies more exactly (about 7% of stems take 2 tokens; most take 3 or 4; a one-token stem is a rare
-    token, whose embedding a small model barely learns). ``excluded_stems`` are invented words (as
+    copies more exactly (most stems take 3 or 4 tokens and few take 2; a one-token stem is a rare token,
+    whose embedding a small model barely learns). ``excluded_stems`` are invented words (as
     capitalised in names) this world must not use, e.g. those of a world a model was trained on, so that
     every name of a held-out world is new.
     """
