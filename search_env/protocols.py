@@ -10,7 +10,6 @@ come from ../shared/PROTOCOLS.md.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -384,16 +383,12 @@ SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
 protocol registered since, e.g. by a plug-in or ``agents.demo_task``)."""
 
 
-def register_protocol(protocol: Protocol, *, replace: bool = False, overwrite: bool = False) -> Protocol:
+def register_protocol(protocol: Protocol, *, replace: bool = False) -> Protocol:
     """Make ``protocol`` available by name to ``gym.make("SearchQA-v0", protocol=name)``.
 
     Registering a taken name raises ``ValueError`` unless ``replace=True`` (the keyword every registry
-    of the project uses), so two plug-ins cannot silently clash. ``overwrite`` is its old spelling,
-    still accepted with a ``DeprecationWarning``.
+    of the project uses), so two plug-ins cannot silently clash.
     """
-    if overwrite:
-        warnings.warn("register_protocol(overwrite=True) is now spelled replace=True", DeprecationWarning, stacklevel=2)
-        replace = True
     if protocol.name in _REGISTRY and not replace:
         raise ValueError(f"protocol {protocol.name!r} already exists; pass replace=True to replace it")
     _REGISTRY[protocol.name] = protocol

@@ -28,13 +28,5 @@ def test_replacing_a_protocol_needs_replace_true():
     assert register_protocol(changed, replace=True) is changed and get_protocol("test-registries-custom") is changed
 
 
-def test_the_old_keyword_still_replaces_with_a_deprecation_warning():
-    custom = get_protocol("search-r1").with_options(name="test-registries-old-keyword")
-    register_protocol(custom, replace=True)
-    with pytest.warns(DeprecationWarning, match="replace=True"):
-        register_protocol(custom.with_options(top_k=2), overwrite=True)
-    assert get_protocol("test-registries-old-keyword").top_k == 2
-
-
 def test_the_package_exports_the_error():
     assert "UnknownNameError" in search_env.__all__ and "UnknownNameError" in rewards.__all__
