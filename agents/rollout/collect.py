@@ -15,11 +15,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from agents.rollout.batch import TrainBatch
 from agents.rollout.agent import Chunk, RolloutAgent, StreamingRolloutAgent
-from agents.policies.policy import position_ids_from_mask
 from search_env import BatchSearchQAEnv
 from search_env.data.example import QAExample
 from search_env.trajectory import AGENT, Trajectory

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import signal
 import sys
 import threading
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +65,7 @@ from agents.training.loggers import CURVE_FILE, METRICS_FILE, loggers_for
 from agents.training.resume import resume_run, run_state, start_run
 from agents.training.run_checks import prepare_output
 from agents.training.samples import SampleLogger
+from agents.training.update import by_length, engine_mismatch, score_batch, to_device, update_batch
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
@@ -279,17 +278,20 @@ class Trainer:
         self.rollout_env().set_reward_step(self.step)
         trajectories, batch, timings, rounds = self._rollout_batch()
         self._call("on_rollout", trajectories)
-        batch = batch.select(_by_length(batch, torch.arange(len(batch))))
+        batch = batch.select(by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
         stats: dict[str, float] = {"rows": float(len(batch)), "rollout_rounds": float(rounds),
                                    "updates/applied": 0.0, "updates/skipped": 0.0}
         self._trailing_skips = 0
         if len(batch) and batch.trained_mask.any():
-            batch = _to_device(batch, self.backend.device)
-            self._score(batch)
-            stats.update(_engine_mismatch(batch))
+            batch = to_device(batch, self.backend.device)
+            score_batch(self.backend, self.algorithm, self.config.optim, batch)
+            stats.update(engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
-            stats.update(self._update(batch))
+            with_entropy = self.algorithm.needs_entropy or self.log_entropy
+            update_stats, self._trailing_skips = update_batch(self.backend, self.algorithm, self.config.optim, batch,
+                                                              shuffle_seed=self._seed("shuffle"), with_entropy=with_entropy)
+            stats.update(update_stats)
         lr = self.backend.learning_rate  # the rate this step's updates used (finish_step moves it on)
         self.backend.finish_step()
         if "kl_reward" in stats:  # KL to the reference, however it was applied, is logged as "kl"
@@ -354,76 +356,6 @@ class Trainer:
         logprobs = [sampled[id(t)] for t, _ in rows] if all(id(t) in sampled for t, _ in rows) else None
         batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad, logprobs)
         return trajectories, batch, timings, len(kept)
-
-    @torch.no_grad()
-    def _score(self, batch: TrainBatch) -> None:
-        """Fill the rollout policy's log-probs, the reference's and the critic's values, micro-batch by micro-batch."""
-        self.backend.eval()
-        rows, width = batch.input_ids.shape
-        zeros = batch.input_ids.new_zeros((rows, width), dtype=torch.float32)
-        old = None if self._old_logprobs_from_update(rows) else zeros.clone()
-        ref = zeros.clone() if self.algorithm.uses_reference else None
-        values = zeros.clone() if self.algorithm.uses_critic else None
-        start = 0
-        for mb in self.backend.micro_batches(batch):
-            n, t = mb.input_ids.shape
-            if old is not None:
-                out = self.backend.forward(mb, with_values=self.algorithm.uses_critic)
-                old[start : start + n, :t] = out.logprobs
-                if values is not None:
-                    values[start : start + n, :t] = out.values
-            if ref is not None:
-                ref[start : start + n, :t] = self.backend.reference_logprobs(mb)
-            start += n
-        batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
-
-    def _old_logprobs_from_update(self, rows: int) -> bool:
-        """Whether the update's own forward pass can give the rollout policy's log-probs: one pass of
-        one optimiser step over all ``rows`` (the policy has not moved when it runs), and neither a
-        critic nor a KL reward that needs them before the advantages."""
-        optim = self.config.optim
-        one_step = optim.update_epochs == 1 and not 0 < optim.mini_batch_size < rows
-        kl_in_reward = self.algorithm.uses_reference and self.config.algorithm.kl_in_reward
-        return one_step and not self.algorithm.uses_critic and not kl_in_reward
-
-    def _update(self, batch: TrainBatch) -> dict[str, float]:
-        """``update_epochs`` passes of mini-batch optimiser steps; the mean of each statistic over steps,
-        and ``updates/applied`` and ``updates/skipped``: the optimiser steps the backend applied and
-        those it skipped for a non-finite gradient norm (the skips after the last applied one are kept
-        for the run's :class:`~agents.training.health.UpdateWatch`)."""
-        optim = self.config.optim
-        rows = len(batch)
-        size = optim.mini_batch_size if 0 < optim.mini_batch_size < rows else rows
-        shuffle = torch.Generator().manual_seed(self._seed("shuffle"))
-        separate_critic = self.algorithm.uses_critic and not self.algorithm.value_head
-        totals: dict[str, float] = defaultdict(float)
-        steps = applied = 0
-        self.backend.train()
-        with_entropy = self.algorithm.needs_entropy or self.log_entropy
-        for _ in range(optim.update_epochs):
-            order = torch.randperm(rows, generator=shuffle) if size < rows else torch.arange(rows)
-            for begin in range(0, rows, size):
-                mini = batch.select(_by_length(batch, order[begin : begin + size]))
-                counts = self.backend.reduce_counts(self.algorithm.counts(mini))
-                for mb in self.backend.micro_batches(mini):
-                    out = self.backend.forward(mb, with_entropy=with_entropy, with_values=self.algorithm.uses_critic)
-                    if mb.old_logprobs is None:  # the policy has not moved since the rollout (see _score)
-                        mb = dataclasses.replace(mb, old_logprobs=out.logprobs.detach())
-                    loss, mb_stats = self.algorithm.loss(mb, out, counts)
-                    if separate_critic:
-                        critic_loss, critic_stats = self.algorithm.critic_loss(mb, out.values, counts)
-                        loss = loss + critic_loss
-                        mb_stats = {**mb_stats, **critic_stats}
-                    self.backend.backward(loss)
-                    for key, value in mb_stats.items():  # additive shares of the mini-batch's statistic
-                        totals[key] += value
-                norm = self.backend.step()
-                totals["grad_norm"] += norm
-                steps += 1
-                applied += math.isfinite(norm)
-                self._trailing_skips = 0 if math.isfinite(norm) else self._trailing_skips + 1
-        return {**{key: value / steps for key, value in totals.items()},
-                "updates/applied": float(applied), "updates/skipped": float(steps - applied)}
 
     def _sampler(self, greedy: bool, seed: int) -> RolloutAgent:
         rollout = self.config.rollout
@@ -550,30 +482,3 @@ class Trainer:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
-
-
-def _engine_mismatch(batch: TrainBatch) -> dict[str, float]:
-    """How far the rollout engine's log-probs of the sampled tokens are from the trainer's for the same
-    policy (mean and max absolute difference over trained tokens): near 0 when they agree, as with the HF
-    sampler; a skipped or failed weight sync of a separate engine shows up here. Empty when either side
-    is missing (no engine log-probs, or the trainer's come from the update's own pass)."""
-    if batch.rollout_logprobs is None or batch.old_logprobs is None:
-        return {}
-    keep = batch.trained_mask.bool()
-    if not keep.any():
-        return {}
-    gap = (batch.rollout_logprobs.to(batch.old_logprobs) - batch.old_logprobs)[keep].abs()
-    return {"rollout/logprob_gap_mean": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
-
-
-def _by_length(batch: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` ordered by their number of tokens (ties keep their order)."""
-    lengths = batch.attention_mask[rows].sum(dim=1).cpu()
-    return rows[torch.argsort(lengths, stable=True)]
-
-
-def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    """The batch with its tensors on ``device`` (the same object's fields when they are there already)."""
-    changes = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
-               if isinstance(getattr(batch, f.name), torch.Tensor) and getattr(batch, f.name).device != device}
-    return dataclasses.replace(batch, **changes) if changes else batch

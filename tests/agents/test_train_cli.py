@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO_ROOT, skip_without
 
 skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "matplotlib")
-from agents.learners import ALGORITHMS, GRPOConfig, PPOConfig  # noqa: E402
+from agents.learners import GRPOConfig, PPOConfig  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.train import main, parse_config  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
@@ -110,7 +110,8 @@ def test_an_unknown_algorithm_is_one_line_listing_the_known_ones():
     assert done.returncode == 2
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: unknown algorithm 'dqn'; known: "), done.stderr
-    assert all(name in lines[0] for name in ALGORITHMS)
+    # The subprocess knows the built-in algorithms only (this session's test modules register more).
+    assert all(name in lines[0] for name in ("grpo", "ppo", "reinforce++", "reinforce++-baseline"))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers", "yaml", "tensorboard", "matplotlib")
 import torch  # noqa: E402
 
+from agents.training import update  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
 from tests.agents.training.tiny import records, run, small_config  # noqa: E402
@@ -257,7 +258,7 @@ def test_one_pass_of_one_step_takes_old_logprobs_from_the_update_and_updates_the
                                                       "optim.mini_batch_size": 0, "algorithm.kl_in_reward": False})
         trainer = build_trainer(config)
         if separate_pass:
-            monkeypatch.setattr(trainer, "_old_logprobs_from_update", lambda rows: False)
+            monkeypatch.setattr(update, "old_logprobs_from_update", lambda optim, algorithm, rows: False)
         before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
         calls = []
         forward = trainer.backend.forward
