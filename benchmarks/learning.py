@@ -50,14 +50,6 @@ TARGET_EM = 0.9
 MODES = ("greedy 1-hop", "greedy 2-hop", "sampled 1-hop", "sampled 2-hop")
 
 
-def _register_demo_protocol() -> None:
-    """Register the demo's protocol (``search-r1-compact``) where ``search_env`` does not yet provide it."""
-    from search_env.protocols import available_protocols
-
-    if "search-r1-compact" not in available_protocols():
-        import agents.demo_task  # noqa: F401  (registers it on import)
-
-
 def demo_config(changes: Sequence[str] = (), *, recipe: str | Path = DEMO_RECIPE) -> TrainConfig:
     """The demo recipe with ``GROUP.FIELD=VALUE`` changes (YAML values, typed by the field as
     ``python -m agents.train --GROUP.FIELD VALUE`` types them; ``algo=NAME`` picks the algorithm).
@@ -67,7 +59,6 @@ def demo_config(changes: Sequence[str] = (), *, recipe: str | Path = DEMO_RECIPE
     """
     from agents.train import parse_config
 
-    _register_demo_protocol()
     argv = ["--config", str(recipe)]
     for item in changes:
         name, sep, value = item.partition("=")

@@ -22,6 +22,7 @@ __all__ = [
     "register_protocol",
     "get_protocol",
     "available_protocols",
+    "SEARCH_R1_COMPACT",
     "SEED_PROTOCOLS",
     "SEARCH_R1_INVALID_ACTION",
 ]
@@ -376,11 +377,29 @@ REASONING_SEARCH = Protocol(
     plan_tools=(("General", "web search"), ("News", "news articles"), ("Academy", "papers; use English keywords")),
 )
 
+# ---------------------------------------------------------------------------------------------------
+# Derived dialects
+
+SEARCH_R1_COMPACT = SEARCH_R1.with_options(
+    name="search-r1-compact",
+    user_template="Question: {question}\n",
+    result_prefix="\n<information>",
+    result_suffix="</information>\n",
+    format_docs=lambda ps: "".join(f"{p.text}\n" for p in ps),
+    error_template="\n<information>{message}</information>\n",
+    top_k=2,
+)
+"""Search-R1's tags, stop strings and reward with a one-line prompt and results without the ``Doc i(Title:
+...)`` prefixes, for a small model trained from scratch (the embedded demo): it gets nothing from
+instruction text, and every token of context costs it compute, so an episode is about half as long."""
+
 _REGISTRY: dict[str, Protocol] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}
 
 SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
-"""The five seed systems' protocols (registered at import; :func:`available_protocols` also lists any
-protocol registered since, e.g. by a plug-in or ``agents.demo_task``)."""
+"""The five seed systems' protocols (registered at import; :func:`available_protocols` also lists the
+derived dialects and any protocol registered since, e.g. by a plug-in)."""
+
+_REGISTRY[SEARCH_R1_COMPACT.name] = SEARCH_R1_COMPACT
 
 
 def register_protocol(protocol: Protocol, *, replace: bool = False) -> Protocol:

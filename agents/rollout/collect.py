@@ -1,4 +1,4 @@
-"""Multi-turn rollouts: many episodes at once over :class:`search_env.BatchSearchQAEnv`, and the learner's batch.
+"""Multi-turn rollouts: many episodes at once over a batch environment (:class:`search_env.BatchEnv`).
 
 :func:`collect_rollouts` drives any :class:`~agents.rollout.agent.RolloutAgent`: it asks the running rows
 for a chunk (up to a stop string, EOS or the row's budget), hands every chunk to the environment in one
@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from agents.rollout.agent import Chunk, RolloutAgent, StreamingRolloutAgent
-from search_env import BatchSearchQAEnv
+from search_env import BatchEnv
 from search_env.data.example import QAExample
 from search_env.trajectory import AGENT, Trajectory
 from search_env.worker import EnvWorker, StepResult
@@ -107,7 +107,7 @@ class Rollout:
 
 def collect_rollouts(
     agent: RolloutAgent,
-    env: BatchSearchQAEnv | EnvWorker,
+    env: BatchEnv,
     questions: Sequence[int | QAExample],
     *,
     group_size: int = 1,
@@ -126,8 +126,7 @@ def collect_rollouts(
     if not questions:
         raise ValueError("no questions to roll out")
     started = time.perf_counter()
-    first = env.envs[0]
-    examples = [first.examples[q] if isinstance(q, (int, np.integer)) else q for q in questions]
+    examples = [env.examples[q] if isinstance(q, (int, np.integer)) else q for q in questions]
     _check_ids(examples)
     episodes = [ex for ex in examples for _ in range(group_size)]
     timings = RolloutTimings()
@@ -157,10 +156,9 @@ def _check_ids(examples: list[QAExample]) -> None:
 
 
 def _run_wave(
-    agent: RolloutAgent, env: BatchSearchQAEnv | EnvWorker, wave: list[QAExample], timings: RolloutTimings
+    agent: RolloutAgent, env: BatchEnv, wave: list[QAExample], timings: RolloutTimings
 ) -> tuple[list[Trajectory], list[list[float]] | None]:
     """Run one episode per example of ``wave`` (at most ``env.num_envs``) to its end, turn by turn."""
-    first = env.envs[0]
     m, n_envs = len(wave), env.num_envs
     tick = time.perf_counter()
     obs, _ = env.reset(options=[{"example": ex} for ex in wave] + [{"example": wave[0]}] * (n_envs - m))
@@ -168,14 +166,14 @@ def _run_wave(
     timings.env_s += tock - tick
     sequences = [list(o["token_ids"]) for o in obs[:m]]
     logprobs: list[list[float]] | None = [[0.0] * len(s) for s in sequences]
-    agent.begin([list(s) for s in sequences], examples=wave, protocol=first.protocol, codec=first.codec)
+    agent.begin([list(s) for s in sequences], examples=wave, protocol=env.protocol, codec=env.codec)
     timings.generation_s += time.perf_counter() - tock
     generated = [0] * m
     trajectories: list[Trajectory | None] = [None] * m
     alive = list(range(m))
     streaming = isinstance(env, EnvWorker) and getattr(agent, "streams_chunks", False)
     while alive:
-        budgets = [min(first.max_new_tokens - generated[r], first.max_context - len(sequences[r])) for r in alive]
+        budgets = [min(env.max_new_tokens - generated[r], env.max_context - len(sequences[r])) for r in alive]
         if streaming:
             chunks, results = _turn_streamed(agent, env, alive, budgets, timings)  # type: ignore[arg-type]
         else:
@@ -215,7 +213,7 @@ def _check_chunk(row: int, chunk: Chunk, budget: int) -> None:
         raise RuntimeError(f"the agent returned {len(chunk.ids)} ids for row {row}, whose budget is {budget} (at least 1)")
 
 
-def _turn(agent: RolloutAgent, env: BatchSearchQAEnv | EnvWorker, alive: list[int], budgets: list[int],
+def _turn(agent: RolloutAgent, env: BatchEnv, alive: list[int], budgets: list[int],
           timings: RolloutTimings) -> tuple[list[Chunk], dict[int, StepResult]]:
     """One turn: the agent writes every running row's chunk, then the environment steps them all."""
     tick = time.perf_counter()

@@ -170,7 +170,7 @@ class Trainer:
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
         self.agent_factory = agent_factory or self._sampler
         self.callbacks: list[Callback] = [*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
-        self.order = QuestionOrder(len(env.envs[0].examples), config.run.seed)
+        self.order = QuestionOrder(len(env.examples), config.run.seed)
         self.step = 0
         self.evaluations: dict[str, dict[str, EvalResult]] = {}
         self.stage_steps: dict[str, int] = {}
@@ -389,7 +389,7 @@ class Trainer:
             if not self.config.eval.by_hops:
                 results[mode] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, self.eval_questions)[0]
                 continue
-            for hops, questions in questions_by_hops(self.eval_env.envs[0].examples, self.eval_questions,
+            for hops, questions in questions_by_hops(self.eval_env.examples, self.eval_questions,
                                                      self.config.eval.questions).items():
                 results[f"{mode} {hops}-hop"] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, questions)[0]
         return results

@@ -22,6 +22,7 @@ from agents.scripted.demonstrations import Demonstrations, make_demonstrations
 from agents.training.backend import TrainingBackend
 from agents.training.config import TrainConfig
 from agents.training.copy_warmup import copy_warmup
+from search_env import BatchEnv
 from search_env.data.example import QAExample
 
 __all__ = ["SFTResult", "warm_start", "sft_loss", "trained_token_logprobs"]
@@ -80,8 +81,8 @@ def warm_start(
     optimiser steps of the backend (:meth:`~agents.training.backend.TrainingBackend.supervised`: a fresh
     AdamW of its own, the backend's gradient clipping and non-finite-gradient guard).
 
-    Demonstrations are played in ``env`` (a :class:`~search_env.SearchQAEnv` or a
-    :class:`~search_env.BatchSearchQAEnv`, whose first environment is used) on ``examples`` (default: the
+    Demonstrations are played in ``env`` (a :class:`~search_env.SearchQAEnv`, or a single environment made
+    by a :class:`~search_env.BatchEnv`) on ``examples`` (default: the
     environment's dataset); a multi-hop one takes its second hop with probability
     ``warm_start.second_hop_rate``. First, when ``warm_start.copy_steps`` > 0, the copy warm-up
     (:func:`agents.training.copy_warmup.copy_warmup`) on strings of the demonstrations' own ids
@@ -95,7 +96,7 @@ def warm_start(
     if options.steps < 1:
         raise ValueError(f"warm_start.steps must be >= 1 for a warm start, got {options.steps}")
     policy, seed = backend.policy, config.run.seed
-    single = env.envs[0] if hasattr(env, "envs") else env
+    single = env.make_env() if isinstance(env, BatchEnv) else env
     demos = make_demonstrations(
         single, single.examples if examples is None else examples, options.examples,
         second_hop_rate=options.second_hop_rate, seed=seed,

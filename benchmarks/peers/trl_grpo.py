@@ -76,10 +76,10 @@ class SearchQARollout:
             if self.by_question.setdefault(example.question, example).golden_answers != example.golden_answers:
                 raise ValueError(f"two examples ask {example.question!r} with different answers; TRL passes only the text")
         self.tokenizer = tokenizer
-        self.codec = env.envs[0].codec
+        self.codec = env.codec
         self.stop_bytes = [s.encode() for s in stop_strings]
         self.stop_strings = list(stop_strings)
-        self.budget = env.envs[0].max_new_tokens
+        self.budget = env.max_new_tokens
         self.last = RolloutRecord()
 
     def __call__(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:

@@ -10,7 +10,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.demo_task import COMPACT_SEARCH_R1  # noqa: E402
+from search_env.protocols import SEARCH_R1_COMPACT  # noqa: E402
 from agents.rollout.agent import StreamingRolloutAgent  # noqa: E402
 from agents.scripted.rollout_agent import ScriptedRolloutAgent  # noqa: E402
 from agents.rollout.collect import collect_rollouts  # noqa: E402
@@ -37,7 +37,7 @@ def episodes(rollout):
             for t in rollout.trajectories]
 
 
-@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, COMPACT_SEARCH_R1.name])
+@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, SEARCH_R1_COMPACT.name])
 def test_a_rollout_with_the_env_in_a_worker_equals_the_in_process_one(codec, protocol):
     policy = biased_policy(codec, protocol)
     env = BatchSearchQAEnv(8, protocol=protocol, tokenizer=codec, max_new_tokens=96)

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import agents.rollout.hf_sampler as sampler_module  # noqa: E402
-from agents.demo_task import COMPACT_SEARCH_R1  # noqa: E402
+from search_env.protocols import SEARCH_R1_COMPACT  # noqa: E402
 from agents.rollout.agent import Chunk  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy  # noqa: E402
@@ -134,7 +134,7 @@ def codec():
     return as_codec(None)
 
 
-@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, COMPACT_SEARCH_R1.name])
+@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, SEARCH_R1_COMPACT.name])
 def test_token_in_token_out_over_every_protocol_with_the_builtin_tokenizer(codec, protocol):
     policy = biased_policy(codec, protocol)
     env = BatchSearchQAEnv(8, protocol=protocol, tokenizer=codec, max_new_tokens=96)

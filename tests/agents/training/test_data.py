@@ -6,11 +6,9 @@ import pytest
 from agents.scripted.agents import OracleAgent, run_episode
 from agents.training.config import DataConfig
 from agents.training.data import light_stem, synthetic_data
-from search_env import SearchQAEnv, available_protocols, get_protocol
+from search_env import SearchQAEnv, get_protocol
 from search_env.synthetic import generate_world
 
-if "search-r1-compact" not in available_protocols():  # until search_env registers it itself
-    import agents.demo_task  # noqa: F401
 
 COMPACT_SEARCH_R1 = get_protocol("search-r1-compact")
 

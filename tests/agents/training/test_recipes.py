@@ -150,8 +150,6 @@ def test_every_recipe_key_is_a_field_and_names_real_parts(name):
     # Every key the recipe sets is a field of the parsed config (the parser refuses any other).
     parsed = _leaf_keys(config.as_dict())
     assert _leaf_keys(raw) - {"algo"} <= parsed, sorted(_leaf_keys(raw) - parsed)
-    if name == "demo":
-        import agents.demo_task  # noqa: F401  (registers search-r1-compact where search_env does not yet)
     get_protocol(config.env.protocol)
     presets = [config.env.reward] if config.env.reward else []
     presets += [preset for _, preset in config.env.reward_stages or []]

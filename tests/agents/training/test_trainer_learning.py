@@ -17,10 +17,7 @@ import pytest
 from tests.conftest import skip_without
 
 skip_without("agents", "torch", "transformers", "yaml", "matplotlib")
-from search_env import available_protocols  # noqa: E402
 
-if "search-r1-compact" not in available_protocols():  # until search_env registers it itself
-    import agents.demo_task  # noqa: E402,F401
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.evaluation import summarize  # noqa: E402
 from agents.rollout.collect import collect_rollouts  # noqa: E402
