@@ -3,6 +3,8 @@
 ``import search_env`` registers ``SearchQA-v0``; ``gym.make("SearchQA-v0", protocol=..., dataset=...,
 sources=..., tokenizer=...)`` builds a :class:`SearchQAEnv`.
 """
+from typing import Any
+
 from gymnasium.envs.registration import register
 
 from rewards.registry import UnknownNameError
@@ -22,8 +24,22 @@ __all__ = [
     "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "BatchEnv", "Protocol", "register_protocol", "get_protocol",
     "available_protocols", "SEED_PROTOCOLS", "UnknownNameError", "Passage", "Source", "SourceError", "Trajectory",
     "AGENT", "ENVIRONMENT", "Action", "Observation", "StepResult", "QAExample", "load_dataset",
-    "FixedWindowObservation", "FullContextObservation",
+    "FixedWindowObservation", "FullContextObservation", *("BM25Source", "CachedSource", "DenseSource", "HybridSource",
+                                                          "RemoteSource", "TimeLimitedSource"),
 ]
 __version__ = "0.1.0"
+
+#: The sources, importable from the package where users look for them; loaded on first use (dense
+#: retrieval needs torch and faiss, BM25 its index library).
+_SOURCES = {"BM25Source", "CachedSource", "DenseSource", "HybridSource", "RemoteSource", "TimeLimitedSource"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SOURCES:
+        from search_env import sources
+
+        return getattr(sources, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 register(id="SearchQA-v0", entry_point="search_env.env:SearchQAEnv")

@@ -24,3 +24,14 @@ def test_every_exported_name_exists(module: str) -> None:
     imported = importlib.import_module(module)
     missing = [name for name in imported.__all__ if not hasattr(imported, name)]
     assert missing == []
+
+
+def test_the_root_exports_every_source() -> None:
+    from search_env import BM25Source, CachedSource, HybridSource, RemoteSource, TimeLimitedSource
+    from search_env.sources.bm25 import BM25Source as bm25
+    from search_env.sources.remote import RemoteSource as remote
+
+    assert BM25Source is bm25 and RemoteSource is remote
+    assert all(issubclass(cls, search_env.Source) for cls in (BM25Source, CachedSource, HybridSource, TimeLimitedSource))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchSource'"):
+        search_env.NoSuchSource
