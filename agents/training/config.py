@@ -265,13 +265,16 @@ class EvalConfig:
     Attributes:
         every: evaluate every this many steps (0: only before and after training).
         questions: held-out questions per evaluation (0: no evaluation).
-        by_hops: also report each hop count of the held-out questions separately (synthetic questions
-            carry their hop count), as ``eval/<mode>/<n>-hop/<metric>``.
+        by_hops: report each hop count of the held-out questions on its own (synthetic questions carry
+            their hop count), as ``eval/<mode>/<n>-hop/<metric>``, with ``questions`` of each.
+        periodic_sampled: sample in the evaluations every ``every`` steps too, not only greedy (the
+            evaluations before and after training always do both).
     """
 
     every: int = 0
     questions: int = 64
     by_hops: bool = False
+    periodic_sampled: bool = True
 
     def __post_init__(self) -> None:
         _positive("eval", self, "every", "questions", zero_ok=True)

@@ -376,16 +376,16 @@ class Trainer:
         return result.as_dict()
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def run_evaluation(self) -> dict[str, EvalResult]:
-        """Greedy and sampled episodes of the current policy on the held-out questions (the eval env's
+    def run_evaluation(self, modes: Sequence[str] = ("greedy", "sampled")) -> dict[str, EvalResult]:
+        """Episodes of the current policy on the held-out questions, greedy and/or sampled (the eval env's
         reward follows the step too); with ``eval.by_hops``, each hop count's questions (up to
-        ``eval.questions`` of each) are also reported on their own as ``"greedy 1-hop"`` ...."""
+        ``eval.questions`` of each) are reported on their own as ``"greedy 1-hop"`` ...."""
         if self.eval_env is None or not self.eval_questions:
             return {}
         self.eval_env.set_reward_step(self.step)
         seed = self._seed("eval")
         results: dict[str, EvalResult] = {}
-        for mode in ("greedy", "sampled"):
+        for mode in modes:
             if not self.config.eval.by_hops:
                 results[mode] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, self.eval_questions)[0]
                 continue
@@ -400,7 +400,8 @@ class Trainer:
         if self.eval_env is None or not self.eval_questions:
             return {}
         self._call("on_evaluation_start", stage)
-        results = self.run_evaluation()
+        periodic_greedy = stage is None and not self.config.eval.periodic_sampled
+        results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled"))
         self._call("on_evaluation", stage, results)
         return results
 

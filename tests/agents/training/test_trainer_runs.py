@@ -127,3 +127,16 @@ def test_a_finished_run_resumed_with_more_steps_is_evaluated_at_its_new_last_ste
     _, same = run(config.updated({"run.steps": 3, "run.resume": True}), callbacks=[again])
     assert same.step == 3 and again.seen == []
     assert len(records(same.metrics_path)) == 6
+
+
+@pytest.mark.parametrize("periodic_sampled", [True, False])
+def test_periodic_evaluations_sample_only_when_asked(tmp_path, periodic_sampled):
+    """The evaluations every eval.every steps are greedy only with eval.periodic_sampled off; the before and
+    after evaluations take both modes either way."""
+    config = small_config("grpo", tmp_path, {"run.steps": 3, "eval.every": 1, "eval.periodic_sampled": periodic_sampled})
+    _, result = run(config)
+    logged = records(result.metrics_path)
+    periodic = [r for r in logged if "stage" not in r and "eval/greedy/em" in r]
+    assert [r["step"] for r in periodic] == [1, 2]
+    assert all(("eval/sampled/em" in r) is periodic_sampled for r in periodic)
+    assert set(result.evaluations["start"]) == set(result.evaluations["final"]) == {"greedy", "sampled"}
