@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import torch
 
 from agents.learners.config import AlgorithmConfig
-from agents.learners.core import BatchCounts, aggregate, as_bool, kl_estimate, masked_mean, policy_loss, token_share
+from agents.learners.core import (
+    BatchCounts, aggregate, as_bool, kl_estimate, masked_mean, policy_loss, rollout_correction, token_share,
+)
 
 if TYPE_CHECKING:
     from agents.rollout.batch import TrainBatch
@@ -139,7 +141,9 @@ class Algorithm(ABC):
 
     def loss(self, mb: TrainBatch, out: PolicyOutputLike, counts: BatchCounts) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the mini-batch's loss: clipped surrogate, plus kl_coef·KL to the
-        reference when KL is a loss term (GRPO's way), minus entropy_coef·entropy.
+        reference when KL is a loss term (GRPO's way), minus entropy_coef·entropy. With ``tis_cap`` or
+        ``seq_mask_delta`` set and the rollout engine's log-probs in the batch, each token's surrogate is
+        weighted by :func:`~agents.learners.core.rollout_correction` (the KL and entropy terms are not).
 
         Every term is aggregated with ``config.loss_agg_mode`` and the global ``counts``, so summing the
         returned losses (and their gradients) over the micro-batches of a mini-batch gives the mini-batch's
@@ -154,9 +158,19 @@ class Algorithm(ABC):
         terms = policy_loss(
             out.logprobs, old, adv, keep, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip
         )
+        correction_stats: dict[str, float] = {}
+        if (cfg.tis_cap or cfg.seq_mask_delta) and mb.rollout_logprobs is not None:
+            fix = rollout_correction(old, mb.rollout_logprobs, keep, tis_cap=cfg.tis_cap, seq_mask_delta=cfg.seq_mask_delta)
+            terms.loss = terms.loss * fix.weights
+            correction_stats = {
+                "rollout_correction/weight": token_share(fix.weights, keep, counts),
+                "rollout_correction/capped_frac": token_share(fix.capped.to(old.dtype), keep, counts),
+                "rollout_correction/masked_rows": float(fix.masked_rows.sum()) / max(counts.sequences, 1.0),
+            }
         pg_loss = aggregate(terms.loss, keep, cfg.loss_agg_mode, counts)
         total = pg_loss
         stats = {
+            **correction_stats,
             "loss/policy": float(pg_loss.detach()),
             "policy/clip_frac": token_share(terms.clipped.to(old.dtype), keep, counts),
             "policy/dual_clip_frac": token_share(terms.dual_clipped.to(old.dtype), keep, counts),

@@ -32,6 +32,13 @@ class AlgorithmConfig:
         entropy_coef: entropy bonus.
         loss_agg_mode: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` or
             ``seq-mean-token-sum-norm``.
+        tis_cap: token-level truncated importance sampling against the rollout engine's log-probs: each
+            trained token's policy-gradient loss is weighted by ``min(π_old / π_engine, tis_cap)``
+            (:func:`agents.learners.core.rollout_correction`). ``None``: the rollout engine's default,
+            filled in when the run is built (off for ``rollout.engine: hf``, whose log-probs are the
+            trainer's own; 2.0 for ``vllm``); ``0``: off whatever the engine.
+        seq_mask_delta: drop (weight 0) the rows whose geometric-mean ratio π_old / π_engine over their
+            trained tokens leaves ``[1 - δ, 1 + δ]``. ``None`` or ``0``: off (with any engine).
     """
 
     group_size: int = 8
@@ -44,6 +51,8 @@ class AlgorithmConfig:
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
     loss_agg_mode: str = "token-mean"
+    tis_cap: float | None = None
+    seq_mask_delta: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in AGG_MODES:
@@ -60,6 +69,10 @@ class AlgorithmConfig:
             raise ValueError(f"kl_clamp must be > 0 (or None to turn it off), got {self.kl_clamp}")
         if self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.tis_cap is not None and not (0 <= self.tis_cap < float("inf")):
+            raise ValueError(f"tis_cap must be a finite number >= 0 (0: off; None: the engine's default), got {self.tis_cap}")
+        if self.seq_mask_delta is not None and not (0 <= self.seq_mask_delta < float("inf")):
+            raise ValueError(f"seq_mask_delta must be a finite number >= 0 (0 or None: off), got {self.seq_mask_delta}")
 
 
 def check_warmup(steps: int, ratio: float, name: str) -> None:

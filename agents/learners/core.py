@@ -15,7 +15,8 @@ import torch
 
 __all__ = [
     "AGG_MODES", "KL_ESTIMATORS", "BatchCounts", "PolicyLossTerms", "ValueLossTerms", "aggregate", "as_bool",
-    "entropy_from_logits", "kl_estimate", "masked_mean", "masked_sum", "policy_loss", "token_share", "value_loss",
+    "entropy_from_logits", "kl_estimate", "masked_mean", "masked_sum", "policy_loss", "rollout_correction",
+    "RolloutCorrection", "token_share", "value_loss",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -157,6 +158,68 @@ def policy_loss(
         dual_clipped = keep & (adv < 0) & (loss > cap)
         loss = torch.where(adv < 0, torch.minimum(loss, cap), loss)
     return PolicyLossTerms(torch.where(keep, loss, zero), ratio, clipped, dual_clipped)
+
+
+@dataclass
+class RolloutCorrection:
+    """Per-token weights that correct the policy gradient for a rollout engine whose log-probs differ from
+    the trainer's (output of :func:`rollout_correction`).
+
+    Attributes:
+        weights: (B, T) detached factor for each trained token's policy-gradient loss (1 where no
+            correction applies, 0 on masked rows and positions outside the mask).
+        capped: (B, T) bool, trained tokens whose importance weight hit the cap.
+        masked_rows: (B,) bool, rows dropped by the sequence mask.
+    """
+
+    weights: torch.Tensor
+    capped: torch.Tensor
+    masked_rows: torch.Tensor
+
+
+def rollout_correction(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tis_cap: float | None = None,
+    seq_mask_delta: float | None = None,
+) -> RolloutCorrection:
+    """Importance weights for samples drawn by an engine (``rollout_logprobs``) but scored by the trainer
+    (``old_logprobs``, the same weights in the trainer's numerics).
+
+    Even a synchronous run is slightly off-policy when another engine samples (kernels, precision, a
+    stale weight sync): the surrogate's ratio is taken against the trainer's log-probs, so the gradient
+    estimates the trainer's policy gradient only after reweighting by π_old / π_engine per token.
+
+    * Token-level truncated importance sampling (``tis_cap`` = C): each trained token's loss is multiplied
+      by ``min(exp(old - rollout), C)``; the cap bounds the variance a token the engine found unlikely
+      would add. ``None`` or ``0``: off.
+    * Sequence mask (``seq_mask_delta`` = δ): a row whose geometric-mean ratio
+      ``exp(mean_t(old - rollout))`` over its trained tokens leaves ``[1 - δ, 1 + δ]`` gets weight 0 (the
+      engine and the trainer disagree about the whole episode: a broken sync, a numerics problem).
+      ``None`` or ``0``: off.
+
+    The weights carry no gradient. The log-ratio is clamped to ±20 like the surrogate's.
+    """
+    keep = as_bool(mask)
+    zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+    log_ratio = torch.where(keep, old_logprobs.detach() - rollout_logprobs.to(old_logprobs), zero)
+    log_ratio = log_ratio.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    weights = torch.where(keep, torch.ones_like(log_ratio), zero)
+    capped = torch.zeros_like(keep)
+    if tis_cap:
+        ratio = torch.exp(log_ratio)
+        capped = keep & (ratio > tis_cap)
+        weights = torch.where(keep, ratio.clamp(max=tis_cap), zero)
+    masked_rows = torch.zeros(keep.shape[0], dtype=torch.bool, device=keep.device)
+    if seq_mask_delta:
+        tokens = keep.sum(dim=1)
+        mean_log = masked_sum(log_ratio, keep, dim=1) / tokens.clamp_min(1)
+        geo = torch.exp(mean_log)
+        masked_rows = (tokens > 0) & ((geo < 1.0 - seq_mask_delta) | (geo > 1.0 + seq_mask_delta))
+        weights = torch.where(masked_rows[:, None], zero, weights)
+    return RolloutCorrection(weights.detach(), capped, masked_rows)
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str, clamp: float | None = None) -> torch.Tensor:
