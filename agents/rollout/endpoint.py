@@ -11,20 +11,50 @@ context as the prompt, ``max_tokens`` set to the row's budget and the protocol's
 ``stop``. A server leaves the matched stop string out of the text; it is put back: the one the server
 names (vLLM's ``stop_reason``), else the close tag of the call or answer the text left open. A
 ``"stop"`` finish with no stop string means the model ended its sequence: the end-of-sequence id follows.
+The text is cut to what the row's token budget can hold before it is encoded, so a server that ignores
+``max_tokens`` costs no more than one that keeps it.
+
+Why a deadline per request rather than socket timeouts: a socket timeout bounds each read, so a server
+(or a proxy) that sends a byte now and then would hold a rollout for as long as it likes. ``timeout_s``
+is the most one request takes, connecting, every attempt and the backoff between them included; the
+socket of a request still under way at the deadline is shut. Transient failures (a refused or reset
+connection, HTTP 408, 429 and 5xx, a malformed reply) are retried with exponential backoff (a
+``Retry-After`` header is followed) while the deadline allows, so one overloaded moment of the server
+does not end an evaluation. What is left fails as :class:`EndpointError` (:class:`EndpointTimeout` past
+the deadline): one line naming the URL and what was wrong.
 """
 from __future__ import annotations
 
+import email.utils
+import http.client
+import json
+import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
+from urllib.parse import urlsplit
 
-import httpx
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import HTTPError
 
 from agents.rollout.agent import Chunk, turn_stop_strings
 from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
-__all__ = ["CompletionsEndpointAgent"]
+__all__ = ["CompletionsEndpointAgent", "EndpointError", "EndpointTimeout"]
+
+_RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final
+_DETAIL_CHARS = 300  # of a server's error message, in an error's one line
+
+
+class EndpointError(RuntimeError):
+    """A completions request failed for good: the one-line message names the URL and what was wrong."""
+
+
+class EndpointTimeout(EndpointError, TimeoutError):
+    """A completions request did not complete within the agent's ``timeout_s``."""
 
 
 class CompletionsEndpointAgent:
@@ -37,9 +67,14 @@ class CompletionsEndpointAgent:
         api_key: sent as a bearer token when given.
         send_ids: send the context as token ids instead of text (vLLM and SGLang accept them), so the
             prompt side is exact; the generated side is re-encoded text either way.
-        timeout_s: per-request time limit.
+        timeout_s: deadline of one request, everything included (connecting, every attempt, the backoff
+            between them, reading the reply); past it the request fails with :class:`EndpointTimeout`.
         max_concurrency: requests in flight at once.
         extra_body: more fields for every request (e.g. ``{"seed": 0}``).
+        retries: further attempts after a transient failure (see the module docstring), as long as the
+            deadline allows; other 4xx replies are not retried (the request itself is wrong).
+        backoff_s: wait before the first retry, doubled for each later one (a ``Retry-After`` header
+            from the server takes its place; one that points past the deadline ends the request).
     """
 
     def __init__(
@@ -54,18 +89,36 @@ class CompletionsEndpointAgent:
         timeout_s: float = 120.0,
         max_concurrency: int = 8,
         extra_body: dict[str, Any] | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.5,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if retries < 0 or backoff_s < 0:
+            raise ValueError(f"retries and backoff_s must be >= 0, got {retries} and {backoff_s}")
         self.url = base_url.rstrip("/") + "/completions"
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http(s) URL such as http://localhost:8000/v1, got {base_url!r}")
+        self._path = f"{parts.path}?{parts.query}" if parts.query else parts.path
+        self._host, self._port = parts.hostname, parts.port
+        self._connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
         self.model, self.temperature, self.top_p, self.send_ids = model, temperature, top_p, send_ids
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.extra_body = dict(extra_body or {})
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(headers=headers, timeout=timeout_s)
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._local = threading.local()  # each request thread's keep-alive connection
+        self._connections: list[HTTPConnection] = []
+        self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="completions")
 
     def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
         self._codec, self._eos = codec, min(codec.eos_ids)
+        # The most characters one token can stand for (a character is at least one byte): a chunk of
+        # ``budget`` tokens never spans more than ``budget`` times this many characters of the text.
+        self._token_chars = max(1, max(map(len, codec.token_bytes), default=1))
         self._stops = turn_stop_strings(protocol)
         # Each stop string's opening tag, to tell which one a server that does not say stopped at.
         opening = {protocol.call_close: protocol.call_open, protocol.answer_close: protocol.answer_open}
@@ -82,9 +135,12 @@ class CompletionsEndpointAgent:
         self._contexts[row] = []
 
     def close(self) -> None:
-        """Close the HTTP client and the request threads."""
+        """Close the request threads and their connections."""
         self._pool.shutdown(wait=True)
-        self._client.close()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
 
     def _complete(self, row: int, budget: int) -> Chunk:
         context = self._contexts[row]
@@ -93,14 +149,16 @@ class CompletionsEndpointAgent:
             "max_tokens": budget, "temperature": self.temperature, "top_p": self.top_p, "stop": list(self._stops),
             **self.extra_body,
         }
-        response = self._client.post(self.url, json=body)
-        response.raise_for_status()
-        choice = response.json()["choices"][0]
+        choice = self._request(json.dumps(body).encode("utf-8"))
         text = choice.get("text") or ""
         suffix = self._stop_suffix(text, choice)
-        ids = self._codec.encode(text + suffix)
+        full = text + suffix
+        # Cut before encoding, generously: ``budget`` tokens span at most ``budget * token_chars``
+        # characters, and the margin keeps the tokens at the cut (which it may change) past the budget.
+        limit = (2 * budget + 64) * self._token_chars
+        ids = self._codec.encode(full[:limit])
         if choice.get("finish_reason") == "stop" and not suffix:
-            ids.append(self._eos)  # the model ended its sequence
+            ids.append(self._eos)  # the model ended its sequence (past the budget when the text was cut)
         ids = ids[:budget] or [self._eos]
         context.extend(ids)
         return Chunk(ids)
@@ -115,3 +173,175 @@ class CompletionsEndpointAgent:
         # No name given: the tag left open in this chunk (the latest opened) is the one that was closed.
         open_at = {close: text.rfind(open_) for open_, close in self._pairs if text.rfind(open_) > text.rfind(close)}
         return max(open_at, key=open_at.get) if open_at else ""
+
+    # -- one request, within its deadline ---------------------------------------------------------------
+    def _request(self, body: bytes) -> dict[str, Any]:
+        """POST ``body`` and return the reply's first choice, retrying transient failures until the deadline."""
+        deadline = time.monotonic() + self.timeout_s
+        problem, attempts, wait = "", 0, 0.0
+        for attempt in range(self.retries + 1):
+            if attempt:
+                if time.monotonic() + wait >= deadline:
+                    break
+                time.sleep(wait)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            attempts += 1
+            wait = self.backoff_s * 2 ** attempt
+            try:
+                status, headers, data = self._exchange(body, remaining, deadline)
+            except _DeadlinePassed:
+                break
+            except (OSError, http.client.HTTPException, HTTPError) as exc:
+                if time.monotonic() >= deadline:
+                    break
+                problem = f"cannot reach the server ({type(exc).__name__}: {exc})"
+                continue
+            if status == 200:
+                try:
+                    return _first_choice(data)
+                except ValueError as exc:
+                    problem = f"malformed reply: {exc}"
+                    continue
+            if 400 <= status < 500 and status not in _RETRIED_CLIENT_STATUSES:
+                raise EndpointError(f"{self.url} rejected the request with HTTP {status}: {_reply_detail(data)}")
+            problem = f"HTTP {status}: {_reply_detail(data)}"
+            asked = _retry_after(headers.get("Retry-After"))
+            if asked is not None:
+                if time.monotonic() + asked >= deadline:
+                    raise EndpointError(f"{self.url} failed after {attempts} attempt(s): {problem} "
+                                        f"(it asks to retry in {asked:g} s, past the {self.timeout_s:g} s deadline)")
+                wait = asked
+        if not problem or time.monotonic() >= deadline:
+            raise EndpointTimeout(f"{self.url}: no complete reply within {self.timeout_s:g} s "
+                                  f"({attempts} attempt(s){'; last: ' + problem if problem else ''})")
+        raise EndpointError(f"{self.url} failed after {attempts} attempt(s): {problem}")
+
+    def _connection(self) -> HTTPConnection:
+        """This thread's keep-alive connection."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = self._connection_class(self._host, self._port)
+            with self._lock:
+                self._connections.append(connection)
+        return connection
+
+    def _exchange(self, body: bytes, timeout_s: float, deadline: float) -> tuple[int, Any, bytes]:
+        """One attempt: status, headers and the whole body. Each socket operation waits at most
+        ``timeout_s``, and a timer shuts the socket at ``deadline``, so that a reply that trickles in
+        cannot outlast it (raises :class:`_DeadlinePassed` then)."""
+        connection = self._connection()
+        if connection.sock is not None and not connection.is_connected:
+            connection.close()  # the server closed the idle keep-alive connection
+        connection.timeout = timeout_s
+        cut = _Cut()
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut.fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            connection.request("POST", self._path, body=body, headers=self._headers)
+            cut.arm(connection.sock)  # kept now: a "Connection: close" reply takes the socket from the connection
+            reply = connection.getresponse()
+            status, headers, data = reply.status, reply.headers, reply.data
+        except Exception:
+            connection.close()  # its state is unknown: the next attempt opens a new one
+            if cut.disarm():
+                raise _DeadlinePassed() from None
+            raise
+        finally:
+            timer.cancel()
+        if cut.disarm():  # the deadline passed as the reply ended: the socket may be shut
+            connection.close()
+            raise _DeadlinePassed()
+        return status, headers, data
+
+
+class _DeadlinePassed(Exception):
+    """A request's deadline passed while it was under way (its socket was shut)."""
+
+
+class _Cut:
+    """Shuts a request's socket when its deadline passes (the timer's side), unless the request finished first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.fired = False
+
+    def arm(self, sock: socket.socket | None) -> None:
+        """Cut ``sock`` at the deadline (at once if it has passed)."""
+        with self._lock:
+            self._sock = sock
+            if self.fired:
+                self._shut()
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
+
+    def disarm(self) -> bool:
+        """Stop cutting; returns whether the cut happened."""
+        with self._lock:
+            self._sock = None
+            return self.fired
+
+
+def _first_choice(data: bytes) -> dict[str, Any]:
+    """The first choice of a completions reply; ``ValueError`` saying what is wrong with a malformed one."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        raise ValueError(f"not JSON: {_start(data)}") from None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError(f"no choices in {_start(data)}")
+    choice = choices[0]
+    if not isinstance(choice.get("text"), (str, type(None))):
+        raise ValueError(f"the choice's text is not a string: {_start(data)}")
+    return choice
+
+
+def _start(data: bytes) -> str:
+    """The start of a reply's body, on one line."""
+    text = data[:_DETAIL_CHARS].decode("utf-8", "replace")
+    return " ".join(text.split()) or "(empty body)"
+
+
+def _reply_detail(data: bytes) -> str:
+    """The server's error message (an OpenAI-style ``{"error": {"message"}}``, a ``detail`` or
+    ``message`` field) or the start of the body, on one line."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return _start(data)
+    if isinstance(body, dict):
+        error = body.get("error")
+        found = error.get("message") if isinstance(error, dict) else error
+        found = found or body.get("detail") or body.get("message")
+        if found:
+            return " ".join(str(found).split())[:_DETAIL_CHARS]
+    return _start(data)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (a number of seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
