@@ -9,7 +9,7 @@ rollout engine) builds the same trainer and passes it in.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from agents.training.data import split_data
 from agents.training.trainer import Trainer
 from search_env import BatchSearchQAEnv
 
-__all__ = ["build_trainer", "env_options"]
+__all__ = ["build_trainer", "engine_defaults", "env_options", "rollout_engine"]
 
 
 def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) -> Trainer:
@@ -33,6 +33,7 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) ->
     ``run.resume`` the trainer continues from the checkpoint in ``run.output_dir``. Raises
     ``ValueError``/``KeyError``/``OSError`` (one line) for bad input.
     """
+    engine_defaults(config)
     torch.set_num_threads(config.run.num_threads)
     random.seed(config.run.seed)
     np.random.seed(config.run.seed)
@@ -41,6 +42,7 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) ->
     algorithm = lookup_algorithm(config.algo)(config.algorithm, max_new_tokens=config.env.max_new_tokens)
     policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed).to(config.run.device)
     backend = build_backend(config, policy, algorithm)
+    agent_factory = rollout_engine(config, policy, backend)
     options = env_options(config, policy.codec)
     env = BatchSearchQAEnv(config.rollout.questions_per_step * config.algorithm.group_size, dataset=train_examples,
                            sources=train_sources, **options)
@@ -50,7 +52,40 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) ->
         eval_env = BatchSearchQAEnv(min(len(examples), env.num_envs), dataset=examples, sources=sources, **options)
         eval_questions = list(range(len(examples)))
     return Trainer(config, policy, env, algorithm, backend, eval_env=eval_env, eval_questions=eval_questions,
-                   callbacks=callbacks)
+                   agent_factory=agent_factory, callbacks=callbacks)
+
+
+def engine_defaults(config: TrainConfig) -> None:
+    """Fill the settings the rollout engine decides when the user left them unset (``None``): with
+    ``rollout.engine: vllm`` the engine's log-probs are not the trainer's, so ``algorithm.tis_cap``
+    becomes 2.0 (truncated importance sampling on); with ``hf`` it stays off. ``algorithm.tis_cap: 0``
+    turns it off with any engine."""
+    if config.algorithm.tis_cap is None and config.rollout.engine == "vllm":
+        config.algorithm.tis_cap = VLLM_TIS_CAP
+
+
+#: ``algorithm.tis_cap`` when ``rollout.engine`` is ``vllm`` and the run does not set it.
+VLLM_TIS_CAP = 2.0
+
+
+def rollout_engine(config: TrainConfig, policy: Any, backend: Any) -> Callable[[bool, int], Any] | None:
+    """The trainer's agent factory for ``rollout.engine``: ``None`` for ``hf`` (the trainer's own
+    :class:`~agents.rollout.hf_sampler.HFSampler`); for ``vllm`` a
+    :class:`~agents.rollout.vllm_engine.VLLMEngine` over ``policy``, reloaded after the backend's
+    optimiser steps, whose agents sample at the run's temperature and top-p."""
+    rollout = config.rollout
+    if rollout.engine == "hf":
+        return None
+    from agents.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(policy, memory_fraction=rollout.vllm_memory_fraction, max_model_len=config.env.max_context,
+                        sleep=rollout.vllm_sleep, seed=config.run.seed).attach(backend)
+
+    def factory(greedy: bool, seed: int) -> Any:
+        return engine.agent(temperature=rollout.temperature, top_p=rollout.top_p, greedy=greedy, seed=seed)
+
+    factory.engine = engine  # type: ignore[attr-defined]
+    return factory
 
 
 def env_options(config: TrainConfig, codec: Any) -> dict[str, Any]:

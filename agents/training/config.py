@@ -155,12 +155,29 @@ class RolloutConfig:
             chunk over as it ends, so the environment and search run on another core while the policy
             decodes the other episodes (:class:`search_env.worker.EnvWorker`); the episodes are the same.
             Worth it when a core is free: it takes a second one.
+        engine: what samples the episodes: ``hf`` (:class:`~agents.rollout.hf_sampler.HFSampler` on the
+            trained model itself) or ``vllm`` (:class:`~agents.rollout.vllm_engine.VLLMEngine`: a vLLM
+            engine in the trainer's process, its weights replaced after every optimiser step; needs the
+            ``vllm`` package, see ``.ci/vllm_venv.sh``). With ``vllm``, ``algorithm.tis_cap`` left unset
+            becomes 2.0 (the engine's log-probs are not the trainer's).
+        vllm_memory_fraction: the share of the accelerator's memory vLLM may take (its
+            ``gpu_memory_utilization``; the trainer's model shares the device). On a CPU it sizes vLLM's
+            KV cache as that share of the machine's memory.
+        vllm_sleep: put the vLLM engine to sleep (weights and KV cache released) during the update, and
+            wake it before the next rollout; its weights are always reloaded after waking.
+        reuse_logprobs: with ``engine: hf``, the sampler's own log-probs are the rollout policy's
+            log-probs (one forward pass fewer when the update takes several optimiser steps); they agree
+            with a recomputation to float precision, as the sampler runs the trained model itself.
     """
 
     questions_per_step: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
     env_worker: bool = False
+    engine: str = "hf"
+    vllm_memory_fraction: float = 0.3
+    vllm_sleep: bool = False
+    reuse_logprobs: bool = False
 
     def __post_init__(self) -> None:
         _positive("rollout", self, "questions_per_step")
@@ -169,6 +186,12 @@ class RolloutConfig:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"unknown rollout.engine {self.engine!r}; known: hf, vllm")
+        if not 0 < self.vllm_memory_fraction <= 1:
+            raise ValueError(f"rollout.vllm_memory_fraction must be in (0, 1], got {self.vllm_memory_fraction}")
+        if self.reuse_logprobs and self.engine != "hf":
+            raise ValueError("rollout.reuse_logprobs needs rollout.engine: hf (another engine's log-probs are not the trainer's)")
 
 
 @dataclass

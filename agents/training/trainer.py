@@ -285,7 +285,7 @@ class Trainer:
         self._trailing_skips = 0
         if len(batch) and batch.trained_mask.any():
             batch = to_device(batch, self.backend.device)
-            score_batch(self.backend, self.algorithm, self.config.optim, batch)
+            score_batch(self.backend, self.algorithm, self.config.optim, batch, reuse_logprobs=self.config.rollout.reuse_logprobs)
             stats.update(engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             with_entropy = self.algorithm.needs_entropy or self.log_entropy

@@ -23,19 +23,29 @@ __all__ = ["by_length", "engine_mismatch", "old_logprobs_from_update", "score_ba
 
 
 @torch.no_grad()
-def score_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimConfig, batch: TrainBatch) -> None:
+def score_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimConfig, batch: TrainBatch, *,
+                reuse_logprobs: bool = False) -> None:
     """Fill the rollout policy's log-probs (unless the update's own pass gives them:
-    :func:`old_logprobs_from_update`), the reference's and the critic's values, micro-batch by micro-batch."""
+    :func:`old_logprobs_from_update`), the reference's and the critic's values, micro-batch by micro-batch.
+
+    ``reuse_logprobs`` (``rollout.reuse_logprobs``, for a sampler that runs the trained model itself): the
+    rollout's own log-probs are the rollout policy's, and the policy runs only where values are needed."""
     backend.eval()
     rows, width = batch.input_ids.shape
     zeros = batch.input_ids.new_zeros((rows, width), dtype=torch.float32)
     old = None if old_logprobs_from_update(optim, algorithm, rows) else zeros.clone()
+    reused = old is not None and reuse_logprobs and batch.rollout_logprobs is not None
+    if reused:
+        old = batch.rollout_logprobs.to(zeros).clone()
     ref = zeros.clone() if algorithm.uses_reference else None
     values = zeros.clone() if algorithm.uses_critic else None
     start = 0
     for mb in backend.micro_batches(batch):
         n, t = mb.input_ids.shape
-        if old is not None:
+        if reused:
+            if values is not None:
+                values[start : start + n, :t] = backend.forward(mb, with_values=True).values
+        elif old is not None:
             out = backend.forward(mb, with_values=algorithm.uses_critic)
             old[start : start + n, :t] = out.logprobs
             if values is not None:

@@ -1,0 +1,287 @@
+"""Rollouts from a vLLM engine that lives in the trainer's process, behind the rollout-agent protocol.
+
+:class:`VLLMEngine` builds one ``vllm.LLM`` from an :class:`~agents.policies.policy.HFPolicy` (the policy
+is written once as a model folder and vLLM loads it), colocated with the trainer: in the same process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and on the same device, taking ``memory_fraction`` of its memory.
+:meth:`VLLMEngine.agent` gives a :class:`VLLMAgent` for one rollout.
+
+Token-in/token-out: every turn sends each row's whole context as token ids (the prompt's ids, the ids
+it sampled, the environment's ids, never text); prefix caching makes the part vLLM has seen before
+cost nothing, so a turn costs the prefill of the environment's new tokens. The sampled ids go to the
+environment as vLLM returns them. vLLM finds the protocol's stop strings in its decoded text and ends
+the output at the whole token that completes one (``include_stop_str_in_output``, so the tag stays);
+the environment, which reads token bytes, decides where the call ends, as with the HF sampler.
+End-of-sequence ids are the codec's (``stop_token_ids``), not vLLM's own guess from the model config.
+
+Log-probs are vLLM's ``processed_logprobs``: those of the distribution sampled from (temperature
+applied), the quantity an importance ratio against the trainer's log-probs at the same temperature
+needs. The trainer logs their gap to its own (``rollout/logprob_gap_mean``); the learners' truncated
+importance sampling (``algorithm.tis_cap``) corrects for it.
+
+Weights: after every optimiser step :meth:`VLLMEngine.sync_weights` (installed with
+:meth:`VLLMEngine.attach`, the training backend's post-step hook) pushes the trained model's state into
+the engine through the model runner's ``reload_weights`` (which re-runs vLLM's post-load processing; a
+model's ``load_weights`` alone does not take effect on every backend) and resets the prefix cache, whose
+entries were computed with the old weights. With ``sleep=True`` the engine releases its memory during
+the update (:meth:`VLLMEngine.sleep`) and is woken, weights reloaded, before the next rollout; vLLM's CPU
+backend has no sleep mode, where this is a no-op.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from agents.policies.policy import HFPolicy
+from agents.rollout.agent import Chunk, turn_stop_strings
+from search_env.data.example import QAExample
+from search_env.protocols import Protocol
+from search_env.tokenization import TokenCodec
+
+__all__ = ["VLLMAgent", "VLLMEngine"]
+
+#: The KV cache a CPU engine takes when ``VLLM_CPU_KVCACHE_SPACE`` does not say (GiB), as a ceiling on
+#: ``memory_fraction`` of the machine's memory: the trainer and the environment need the rest.
+CPU_KV_CACHE_GIB_MAX = 2.0
+
+
+def _import_vllm() -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights pass by reference
+    try:
+        import vllm
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ModuleNotFoundError("rollout.engine: vllm needs the vllm package (pip install -e '.[vllm]', or "
+                                  "bash .ci/vllm_venv.sh for the CPU build this project is tested with)") from exc
+    return vllm
+
+
+@contextmanager
+def _modules_vllm_cannot_scan() -> Iterator[None]:
+    """Hide, while the engine starts, the loaded modules that vLLM's start-up scan trips over.
+
+    Without Triton's CPU backend, vLLM's CPU platform swaps some Triton kernels for C++ ones and, to
+    rebind every reference, reads ``vars(value).get("kernel")`` for each attribute of every loaded
+    module. llvmlite's ffi module (loaded by numba, which ``bm25s`` imports when it is installed, as
+    vllm-cpu installs it) holds objects whose ``vars()`` is no dict, and the scan fails with
+    ``AttributeError``. Those modules hold no kernels, so they sit out the scan and are put back after.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for value in list(namespace.values()):
+            try:
+                if hasattr(value, "__dict__"):
+                    vars(value).get("kernel")
+            except Exception:
+                hidden[name] = module
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+class VLLMEngine:
+    """A vLLM engine over ``policy``'s weights, kept in step with them.
+
+    Args:
+        policy: the trained policy; its LM and tokenizer are written to a temporary model folder that
+            vLLM loads (removed by :meth:`close`).
+        memory_fraction: the share of the device's memory vLLM may take (``gpu_memory_utilization``). On a
+            CPU the KV cache is that share of the machine's memory, at most :data:`CPU_KV_CACHE_GIB_MAX` GiB
+            (``VLLM_CPU_KVCACHE_SPACE`` overrides it).
+        max_model_len: the longest context (prompt, generated and environment tokens) a row may reach.
+        dtype: the engine's weights (``"float32"`` matches a float32 trainer; ``"auto"``: the model's).
+        sleep: release the engine's memory between rollouts (:meth:`sleep`, :meth:`wake_up`).
+        seed: the engine's seed (each rollout's requests also carry their own seeds).
+        engine_kwargs: further ``vllm.LLM`` arguments.
+    """
+
+    def __init__(self, policy: HFPolicy, *, memory_fraction: float = 0.3, max_model_len: int = 4096,
+                 dtype: str = "float32", sleep: bool = False, seed: int = 0, **engine_kwargs: Any) -> None:
+        vllm = _import_vllm()
+        self.policy, self.codec = policy, policy.codec
+        self.sleep_enabled = bool(sleep)
+        self._asleep = False
+        self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
+        policy.save_pretrained(self._folder)
+        on_cpu = next(policy.model.parameters()).device.type == "cpu"
+        kwargs: dict[str, Any] = {
+            "model": self._folder, "tokenizer": self._folder, "dtype": dtype, "seed": seed,
+            "max_model_len": max_model_len, "enable_prefix_caching": True,
+            "logprobs_mode": "processed_logprobs", "gpu_memory_utilization": memory_fraction,
+            "enforce_eager": True,
+        }
+        if on_cpu:
+            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                kwargs["kv_cache_memory_bytes"] = int(min(memory_fraction * total, CPU_KV_CACHE_GIB_MAX * 2**30))
+        elif self.sleep_enabled:
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(engine_kwargs)
+        try:
+            with _modules_vllm_cannot_scan():
+                self.llm = vllm.LLM(**kwargs)
+        except BaseException:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        self.syncs = 0
+        #: The policy's weights changed since the engine last loaded them (see :meth:`attach`).
+        self.stale = False
+
+    # -- weights --------------------------------------------------------------------------------------
+    def attach(self, backend: Any) -> VLLMEngine:
+        """Keep the engine in step with ``backend``'s optimiser steps (warm-start steps included).
+
+        The backend's post-step hook marks the engine's weights stale (and, with ``sleep``, puts the
+        engine to sleep for the rest of the update); the next :meth:`agent` or :meth:`logprobs` call
+        reloads them first, so several optimiser steps of one update cost one reload. The weights also
+        count as stale from the start, so a trainer that loaded a checkpoint after the engine was built
+        samples from the loaded weights.
+        """
+        self.stale = True
+        backend.add_post_step_hook(self._after_step)
+        return self
+
+    def _after_step(self) -> None:
+        self.stale = True
+        self.sleep()
+
+    def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.policy.model.state_dict().items():
+            yield name, tensor.detach()
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        """Load the policy's current weights into the engine and drop the prefix cache (its keys and
+        values were computed with the old weights)."""
+        if self._asleep:
+            self._wake()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(self._weights())})
+        self.llm.reset_prefix_cache()
+        self.syncs += 1
+        self.stale = False
+
+    def sleep(self) -> None:
+        """Release the engine's weights and KV cache until the next rollout (``sleep=True`` only)."""
+        if self.sleep_enabled and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Ready for a rollout: woken, and its weights reloaded if it slept (sleep drops them) or they are stale."""
+        if self._asleep or self.stale:
+            self.sync_weights()
+
+    def _wake(self) -> None:
+        self.llm.wake_up()
+        self._asleep = False
+
+    # -- rollouts -------------------------------------------------------------------------------------
+    def agent(self, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, seed: int = 0) -> VLLMAgent:
+        """The rollout agent for one rollout (see :class:`VLLMAgent`)."""
+        self.wake_up()
+        return VLLMAgent(self, temperature=temperature, top_p=top_p, greedy=greedy, seed=seed)
+
+    def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The engine's log-prob of each id given the ids before it (temperature 1), token-aligned like
+        :meth:`HFPolicy.forward <agents.policies.policy.HFPolicy.forward>`: entry 0 is 0."""
+        vllm = _import_vllm()
+        self.wake_up()
+        params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        rows = []
+        for seq, out in zip(sequences, outs):
+            row = [0.0]
+            for token, entry in zip(seq[1:], out.prompt_logprobs[1:]):
+                row.append(float(entry[token].logprob))
+            rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        """Shut the engine down and remove its model folder."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            del self.llm
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class VLLMAgent:
+    """A :class:`~agents.rollout.agent.RolloutAgent` sampling from a :class:`VLLMEngine`.
+
+    Each ``generate`` sends every running row's context (ids) as one request; vLLM batches them and
+    reuses cached prefixes. Requests are seeded from ``seed``, the row and the turn, so a rollout is
+    reproducible for fixed weights. ``greedy`` decodes with vLLM's greedy sampler (its log-probs are then
+    those of the untempered distribution).
+    """
+
+    streams_chunks = False
+
+    def __init__(self, engine: VLLMEngine, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                 seed: int = 0) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy=True for greedy decoding), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        self.engine, self.codec = engine, engine.codec
+        self.temperature, self.top_p, self.greedy, self.seed = float(temperature), float(top_p), greedy, int(seed)
+        self._contexts: list[list[int]] = []
+        self._turn = 0
+
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+        if codec is not self.codec and codec.token_bytes != self.codec.token_bytes:
+            raise ValueError("the environment's tokenizer is not the policy's: build the env with tokenizer=policy.codec")
+        self._stops = list(turn_stop_strings(protocol))
+        self._contexts = [list(ids) for ids in prompt_ids]
+        self._turn = 0
+
+    def _params(self, row: int, budget: int) -> Any:
+        vllm = _import_vllm()
+        return vllm.SamplingParams(
+            n=1, temperature=0.0 if self.greedy else self.temperature, top_p=1.0 if self.greedy else self.top_p,
+            max_tokens=budget, stop=self._stops, include_stop_str_in_output=True,
+            stop_token_ids=sorted(self.codec.eos_ids), ignore_eos=True, logprobs=0,
+            seed=(self.seed * 1_000_003 + row * 7919 + self._turn) % (2**31),
+            skip_special_tokens=False, spaces_between_special_tokens=False,
+        )
+
+    def generate(self, rows: Sequence[int], budgets: Sequence[int]) -> list[Chunk]:
+        if not rows:
+            return []
+        if min(budgets) < 1:
+            raise ValueError("every row needs a budget of at least one token")
+        prompts = [{"prompt_token_ids": self._contexts[row]} for row in rows]
+        params = [self._params(row, budget) for row, budget in zip(rows, budgets)]
+        outs = self.engine.llm.generate(prompts, params, use_tqdm=False)
+        self._turn += 1
+        chunks = []
+        for row, out in zip(rows, outs):
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            logprobs = [float(entry[token].logprob) for token, entry in zip(ids, sample.logprobs)]
+            self._contexts[row] += ids
+            chunks.append(Chunk(ids, logprobs))
+        return chunks
+
+    def feed(self, row: int, token_ids: Sequence[int]) -> None:
+        self._contexts[row] += list(token_ids)
+
+    def finish(self, row: int) -> None:
+        pass
+
+    def context_ids(self, row: int) -> list[int]:
+        """The ids ``row``'s next request would send: its whole context as the engine sees it."""
+        return list(self._contexts[row])
