@@ -1,0 +1,177 @@
+"""Checks of the vLLM rollout engine, run inside the vLLM virtualenv (``.ci/vllm_venv.sh``) by
+``test_vllm_engine.py``, which reads the JSON line this script prints last.
+
+    python tests/agents/rollout/vllm_checks.py CHECK [CHECK ...]
+
+Checks: ``sync`` (tiny model: engine log-probs equal the trainer's, change after an optimiser step and
+a sync), ``protocols`` (SmolLM2: sampled episodes under every protocol; trajectory ids and producer
+masks equal what the agent and the environment exchanged; greedy episodes of vLLM and the HF sampler
+compared), ``grpo`` (a few GRPO steps of SmolLM2 with ``rollout.engine: vllm``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from agents.rollout.collect import collect_rollouts  # noqa: E402
+from agents.rollout.hf_sampler import HFSampler  # noqa: E402
+from agents.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from search_env import SEED_PROTOCOLS, BatchSearchQAEnv  # noqa: E402
+from search_env.trajectory import AGENT, ENVIRONMENT  # noqa: E402
+
+MEMORY = 0.05  # of the machine's memory for the KV cache (capped at 2 GiB)
+
+
+class Recorder:
+    """Passes every call to ``agent`` and records what each row was given and gave back, to rebuild the
+    producer mask the environment must have recorded."""
+
+    def __init__(self, agent):
+        self.agent, self.streams_chunks = agent, False
+
+    def begin(self, prompt_ids, **kw):
+        self.producers = [[ENVIRONMENT] * len(p) for p in prompt_ids]
+        self.pending: dict[int, list[int]] = {}
+        self.agent.begin(prompt_ids, **kw)
+
+    def generate(self, rows, budgets):
+        chunks = self.agent.generate(rows, budgets)
+        for row, chunk in zip(rows, chunks):
+            self.producers[row] += [AGENT] * len(chunk.ids)
+        return chunks
+
+    def feed(self, row, ids):
+        self.producers[row] += [ENVIRONMENT] * len(ids)
+        self.agent.feed(row, ids)
+
+    def finish(self, row):
+        self.agent.finish(row)
+
+
+def multi_turn(traj) -> bool:
+    seen_env = False
+    for t in range(traj.prompt_length, len(traj.token_ids)):
+        if traj.producers[t] != AGENT:
+            seen_env = True
+        elif seen_env:
+            return True
+    return False
+
+
+def check_sync() -> dict:
+    from agents.learners import GRPO, GRPOConfig
+    from agents.policies.loading import load_policy
+    from agents.training.backend import build_backend
+    from agents.training.config import OptimConfig, TrainConfig
+
+    policy = load_policy("tiny", seed=0)
+    config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=2, kl_coef=0.0), optim=OptimConfig(learning_rate=1e-2))
+    backend = build_backend(config, policy, GRPO(config.algorithm))
+    engine = VLLMEngine(policy, memory_fraction=MEMORY, max_model_len=1024).attach(backend)
+    sequence = policy.codec.encode("Who founded the Tallis Group? <search> Tallis Group founder </search>")
+
+    def trainer():
+        with torch.no_grad():
+            ids = torch.tensor([sequence])
+            return policy(ids, torch.ones_like(ids)).logprobs[0, 1:]
+
+    before_engine, before_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer()
+    policy.train()
+    ids = torch.tensor([sequence])
+    loss = -policy(ids, torch.ones_like(ids)).logprobs.sum()
+    loss.backward()
+    backend.step()  # the post-step hook marks the engine's weights stale
+    stale = engine.stale
+    after_engine, after_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer()
+    engine.close()
+    return {
+        "tokens": len(sequence) - 1,
+        "stale_after_step": stale,
+        "syncs": engine.syncs,
+        "before_gap": float((before_engine - before_trainer).abs().max()),
+        "after_gap": float((after_engine - after_trainer).abs().max()),
+        "moved": float((after_engine - before_engine).abs().max()),
+    }
+
+
+def check_protocols() -> dict:
+    from agents.policies.loading import load_policy
+
+    policy = load_policy("smollm2")
+    engine = VLLMEngine(policy, memory_fraction=MEMORY, max_model_len=2048)
+    result = {}
+    for protocol in SEED_PROTOCOLS:
+        env = BatchSearchQAEnv(4, protocol=protocol, tokenizer=policy.codec, max_new_tokens=96, max_context=2048)
+        recorder = Recorder(engine.agent(temperature=1.0, seed=7))
+        rollout = collect_rollouts(recorder, env, [0, 1], group_size=2)  # raises when ids disagree
+        masks_equal = all(list(t.producers) == recorder.producers[r][: len(t.producers)]
+                          and len(recorder.producers[r]) >= len(t.producers)
+                          for r, t in enumerate(rollout.trajectories))
+        logprobs_on_agent_only = all(
+            all(lp == 0.0 for lp, p in zip(lps, t.producers) if p != AGENT)
+            for lps, t in zip(rollout.sampled_logprobs, rollout.trajectories))
+        started = time.perf_counter()
+        greedy_vllm = collect_rollouts(engine.agent(greedy=True), env, [0, 1, 2, 3])
+        vllm_s = time.perf_counter() - started
+        greedy_hf = collect_rollouts(HFSampler(policy, greedy=True), env, [0, 1, 2, 3])
+        same = [a.token_ids == b.token_ids for a, b in zip(greedy_vllm.trajectories, greedy_hf.trajectories)]
+        first_diff = []
+        for a, b in zip(greedy_vllm.trajectories, greedy_hf.trajectories):
+            n = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), min(len(a.token_ids), len(b.token_ids)))
+            first_diff.append(n - a.prompt_length)
+        result[protocol] = {
+            "masks_equal": masks_equal, "logprobs_on_agent_only": logprobs_on_agent_only,
+            "multi_turn": sum(multi_turn(t) for t in rollout.trajectories),
+            "searches": sum(len(t.tool_calls) for t in rollout.trajectories),
+            "greedy_equal": sum(same), "greedy_episodes": len(same),
+            "greedy_first_difference_after_prompt": first_diff,
+            "greedy_multi_turn": sum(multi_turn(t) for t in greedy_hf.trajectories),
+            "greedy_vllm_s": vllm_s,
+        }
+    engine.close()
+    return result
+
+
+def check_grpo() -> dict:
+    from agents.training.build import build_trainer
+    from agents.training.config import EnvConfig, EvalConfig, RolloutConfig, RunConfig, TrainConfig
+    from agents.learners import GRPOConfig
+    from agents.policies.config import ModelConfig
+
+    out = tempfile.mkdtemp(prefix="vllm-grpo-")
+    config = TrainConfig(
+        "grpo", model=ModelConfig(name="smollm2"), algorithm=GRPOConfig(group_size=2),
+        env=EnvConfig(max_new_tokens=48, max_context=1536),
+        rollout=RolloutConfig(questions_per_step=2, engine="vllm", vllm_memory_fraction=MEMORY),
+        eval=EvalConfig(questions=0),
+        run=RunConfig(steps=3, output_dir=out, report_to=[]),
+    )
+    trainer = build_trainer(config)
+    engine = trainer.agent_factory.engine
+    steps = [trainer.train_step() for _ in range(config.run.steps)]
+    keys = ("rollout/logprob_gap_mean", "rollout/logprob_gap_max", "rollout_correction/weight", "loss/total", "reward_mean")
+    return {"tis_cap": config.algorithm.tis_cap, "syncs": engine.syncs,
+            "steps": [{k: s[k] for k in keys if k in s} for s in steps],
+            "metric_keys": sorted(k for k in steps[0] if k.startswith(("rollout", "time/")))}
+
+
+CHECKS = {"sync": check_sync, "protocols": check_protocols, "grpo": check_grpo}
+
+if __name__ == "__main__":
+    torch.set_num_threads(int(os.environ.get("VLLM_CHECK_THREADS", "2")))
+    results = {}
+    for name in sys.argv[1:]:
+        started = time.perf_counter()
+        results[name] = CHECKS[name]()
+        results[name]["seconds"] = round(time.perf_counter() - started, 1)
+        print(f"check {name} done in {results[name]['seconds']} s", file=sys.stderr, flush=True)
+    print(json.dumps(results))
