@@ -168,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         trainer.close_environments()
-    print(result.report())
+    if trainer.backend.rank == 0:  # with several data-parallel ranks, one report
+        print(result.report())
     return 0
 
 

@@ -9,9 +9,11 @@ Outputs are 0 on positions that are not trained.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from agents.learners.core import as_bool, masked_mean
+from agents.learners.core import as_bool, masked_mean, masked_sum
 
 __all__ = [
     "filter_groups", "gae", "group_normalized_scores", "grpo_advantages", "overlong_penalty",
@@ -70,9 +72,12 @@ def reinforce_pp_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float
     return returns
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+           reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) with mean and (population) variance over the trained tokens of the
-    whole batch; 0 on untrained positions.
+    whole batch; 0 on untrained positions. ``reduce_sum`` sums a tensor over data-parallel ranks, each
+    holding a share of the batch (the training backend's ``all_reduce_sum``), so that the statistics
+    are the whole batch's; ``None``: this process holds it all.
 
     Batch-wide statistics (not per row, not per group) are REINFORCE++'s normalisation: they keep the
     scale of the update fixed while the reward's scale drifts, without the per-prompt std division that
@@ -80,8 +85,14 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     """
     keep = as_bool(mask)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    mean = masked_mean(x, keep)
-    var = masked_mean((x - mean).square(), keep)
+    if reduce_sum is None:
+        mean = masked_mean(x, keep)
+        var = masked_mean((x - mean).square(), keep)
+    else:
+        sums = reduce_sum(torch.stack([masked_sum(x, keep).double(), keep.sum().double()]))
+        count = sums[1].clamp_min(1)
+        mean = (sums[0] / count).to(x.dtype)
+        var = (reduce_sum(masked_sum((x - mean).square(), keep).double()) / count).to(x.dtype)
     return torch.where(keep, (x - mean) * torch.rsqrt(var + eps), zero)
 
 

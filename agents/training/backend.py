@@ -87,6 +87,35 @@ class TrainingBackend(ABC):
         process they are the counts themselves."""
         return counts
 
+    # -- data parallelism: one process unless a backend runs several ranks -------------------------
+    @property
+    def rank(self) -> int:
+        """This process's data-parallel rank (0 on one process): rank 0 evaluates, logs and writes the
+        trainer's files."""
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks; each rolls out ``rollout.questions_per_step / world_size`` questions."""
+        return 1
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over ranks (batch-wide statistics: whitening, logged means); itself on one process."""
+        return tensor
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (no-op on one process)."""
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (itself on one process)."""
+        return obj
+
+    @contextmanager
+    def generation(self) -> Iterator[None]:
+        """Within the block the policy's weights are whole for decoding with ``backend.policy`` (a sharded
+        engine gathers them; a collective every rank enters); nothing to do on one process."""
+        yield
+
     @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradient of one micro-batch's loss (already scaled by global counts)."""
@@ -156,6 +185,8 @@ def register_backend(name: str) -> Callable[[type[TrainingBackend]], type[Traini
 
 def build_backend(config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> TrainingBackend:
     """The backend ``config.run.backend`` names, built around ``policy``."""
+    if config.run.backend == "deepspeed" and "deepspeed" not in BACKENDS:
+        import agents.training.deepspeed_backend  # noqa: F401  (registers itself; deepspeed loads when built)
     try:
         backend_class = BACKENDS[config.run.backend]
     except KeyError:

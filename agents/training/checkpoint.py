@@ -208,19 +208,25 @@ def save_run(path: str | os.PathLike[str], step: int, state: dict[str, Any], bac
     it names is never touched), then ``path`` (the trainer's ``state``, naming that folder and listing its
     files' sizes and digests) is written atomically, then other step folders and stale temporary files
     are removed. A crash at any point leaves a complete checkpoint: the file always names a folder that
-    was fully written before it."""
+    was fully written before it. With several data-parallel ranks every rank calls it: rank 0 picks the
+    folder, every rank's backend writes its files into it, and rank 0 alone writes ``path``."""
     target = Path(path)
     root = target.parent / CHECKPOINTS_DIR
-    folder = root / f"step-{step}"
-    copy = 0
-    while folder.exists():  # the checkpoint in place may name it: write beside it
-        copy += 1
-        folder = root / f"step-{step}.{copy}"
-    folder.mkdir(parents=True)
+    folder = None
+    if backend.rank == 0:
+        folder = root / f"step-{step}"
+        copy = 0
+        while folder.exists():  # the checkpoint in place may name it: write beside it
+            copy += 1
+            folder = root / f"step-{step}.{copy}"
+        folder.mkdir(parents=True)
+    folder = Path(backend.broadcast_object(None if folder is None else str(folder)))
     backend.save(folder)
-    files = {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
-    save_checkpoint(target, {**state, "backend_dir": folder.relative_to(target.parent).as_posix(), "backend_files": files})
-    clean_run_folder(target, keep=folder)
+    if backend.rank == 0:
+        files = {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+        save_checkpoint(target, {**state, "backend_dir": folder.relative_to(target.parent).as_posix(), "backend_files": files})
+        clean_run_folder(target, keep=folder)
+    backend.barrier()
     return target
 
 

@@ -311,7 +311,14 @@ class RunConfig:
         steps: training steps (each one rollout and its update).
         seed: seed of everything random in the run (model init, data order, sampling).
         device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
-        backend: the training backend (``torch``; others as registered, see :mod:`agents.training.backend`).
+        backend: the training backend (``torch``; ``deepspeed``: ZeRO data parallelism, one process per
+            device under ``torchrun``; others as registered, see :mod:`agents.training.backend`).
+        zero_stage: with ``backend: deepspeed``, the ZeRO stage: 2 (optimiser states and gradients
+            sharded) or 3 (parameters too).
+        deepspeed_config: with ``backend: deepspeed``, a JSON file whose keys override the engine config
+            derived from this one (:func:`agents.training.deepspeed_backend.deepspeed_config`).
+        dtype: the engine's training precision with ``backend: deepspeed``: ``auto`` (bf16 on a GPU
+            that supports it, fp32 on a CPU), ``bf16`` or ``fp32``.
         num_threads: torch's CPU threads.
         output_dir: where logs, curve, config, checkpoint and the trained policy go. It must be writable
             (checked when the run starts, before any model is loaded by the command line).
@@ -344,6 +351,9 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     backend: str = "torch"
+    zero_stage: int = 2
+    deepspeed_config: str | None = None
+    dtype: str = "auto"
     num_threads: int = 1
     output_dir: str = "runs/latest"
     resume: bool = False
@@ -367,6 +377,10 @@ class RunConfig:
             raise ValueError(f"run.warn_failed_searches must be in [0, 1], got {self.warn_failed_searches}")
         if self.resume and self.overwrite:
             raise ValueError("give run.resume or run.overwrite, not both")
+        if self.zero_stage not in (2, 3):
+            raise ValueError(f"run.zero_stage must be 2 or 3, got {self.zero_stage}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"unknown run.dtype {self.dtype!r}; known: auto, bf16, fp32")
         self.report_to = list(self.report_to)
         self.allow_changes = list(self.allow_changes)
         unknown = sorted(set(self.report_to) - {"tensorboard", "wandb"})

@@ -82,14 +82,18 @@ def resume_run(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str, Any]
     """
     path = Path(path)
     state = read_run(path)
-    clean_run_folder(path, keep=path.parent / state["backend_dir"])
+    main = trainer.backend.rank == 0  # with several ranks, rank 0 alone changes the run's files
+    if main:
+        clean_run_folder(path, keep=path.parent / state["backend_dir"])
+    trainer.backend.barrier()
     step = int(state.get("step", 0))
     saved, source = _saved_settings(state, path)
     changes = _check_settings(trainer.config, saved, source)
     state = load_run_backend(path, state, trainer.backend)
-    if changes:
+    if changes and main:
         _record_changes(trainer, path.parent, step, changes)
-    drop_torn_tail(Path(trainer.output_dir) / METRICS_FILE)
+    if main:
+        drop_torn_tail(Path(trainer.output_dir) / METRICS_FILE)
     done = state.pop("start_done", START_PARTS)
     trainer.start_done = set(START_PARTS if step > 0 else done)
     state.pop("config_json", None)
@@ -215,7 +219,7 @@ def start_run(trainer: Trainer) -> None:
     cleanly (see the module docstring) and sets ``trainer.stop_requested``."""
     done = set(getattr(trainer, "start_done", None) or ()) if trainer.resumed else set()
     trainer.start_done = done
-    if not trainer.resumed:
+    if not trainer.resumed and trainer.backend.rank == 0:
         clean_run_folder(trainer.checkpoint_path)
     if done.issuperset(START_PARTS):
         return

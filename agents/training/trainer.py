@@ -169,7 +169,12 @@ class Trainer:
         self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
         self.agent_factory = agent_factory or self._sampler
-        self.callbacks: list[Callback] = [*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
+        # With several data-parallel ranks (backend.world_size > 1) rank 0 alone runs the callbacks: it logs,
+        # evaluates, and writes the run's files; every rank rolls out its share of the questions.
+        self.callbacks: list[Callback] = ([*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
+                                          if backend.rank == 0 else [])
+        if backend.world_size > 1:  # batch-wide statistics (REINFORCE++'s and PPO's whitening) over all ranks
+            algorithm.reduce_sum = backend.all_reduce_sum
         self.order = QuestionOrder(len(env.examples), config.run.seed)
         self.step = 0
         self.evaluations: dict[str, dict[str, EvalResult]] = {}
@@ -208,13 +213,16 @@ class Trainer:
 
     def _train(self) -> TrainResult:
         run = self.config.run
-        prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.evaluations)
+        if self.backend.rank == 0:
+            prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.evaluations)
+        self.backend.barrier()
         watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
         failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
         self._call("on_run_start")
         start_run(self)  # config, "start" evaluation, warm start (checkpointed), "warm start" evaluation: those not done
         last = run.steps if run.stop_after is None else min(run.steps, run.stop_after)
-        with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress, unit="step") as bar:
+        with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress if self.backend.rank == 0 else False,
+                                                  unit="step") as bar:
             while self.step < last and not self.stop_requested:
                 metrics = self.train_step()
                 evaluated = self.config.eval.every > 0 and self.step % self.config.eval.every == 0 and self.step < run.steps
@@ -260,8 +268,13 @@ class Trainer:
             self.eval_env.close()
 
     def export_policy(self, directory: str | Path) -> Path:
-        """Write the policy as a standard transformers model folder (weights, config, tokenizer)."""
-        return self.policy.save_pretrained(directory)
+        """Write the policy as a standard transformers model folder (weights, config, tokenizer); with
+        several ranks, rank 0 writes it (a sharded engine's weights gathered first)."""
+        with self.backend.generation():
+            if self.backend.rank == 0:
+                self.policy.save_pretrained(directory)
+        self.backend.barrier()
+        return Path(directory)
 
     def rollout_env(self) -> BatchSearchQAEnv | EnvWorker:
         """What training rollouts step: ``env`` itself, or with ``rollout.env_worker`` a worker process
@@ -283,15 +296,18 @@ class Trainer:
         stats: dict[str, float] = {"rows": float(len(batch)), "rollout_rounds": float(rounds),
                                    "updates/applied": 0.0, "updates/skipped": 0.0}
         self._trailing_skips = 0
-        if len(batch) and batch.trained_mask.any():
+        trained = torch.tensor(float(bool(len(batch)) and bool(batch.trained_mask.any())))
+        update_keys: set[str] = set()
+        if float(self.backend.all_reduce_sum(trained)) > 0:  # every rank updates when any has trained tokens
             batch = to_device(batch, self.backend.device)
-            score_batch(self.backend, self.algorithm, self.config.optim, batch, reuse_logprobs=self.config.rollout.reuse_logprobs)
+            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=self.config.rollout.reuse_logprobs)
             stats.update(engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             with_entropy = self.algorithm.needs_entropy or self.log_entropy
-            update_stats, self._trailing_skips = update_batch(self.backend, self.algorithm, self.config.optim, batch,
+            update_stats, self._trailing_skips = update_batch(self.backend, self.algorithm, self._optim, batch,
                                                               shuffle_seed=self._seed("shuffle"), with_entropy=with_entropy)
             stats.update(update_stats)
+            update_keys = set(update_stats)
         lr = self.backend.learning_rate  # the rate this step's updates used (finish_step moves it on)
         self.backend.finish_step()
         if "kl_reward" in stats:  # KL to the reference, however it was applied, is logged as "kl"
@@ -313,9 +329,33 @@ class Trainer:
             "time/update": now - update_started,
             "time/step": now - started,
         }
+        if self.backend.world_size > 1:
+            metrics = self._all_rank_metrics(metrics, update_keys)
         self.step += 1
         self._call("on_update", metrics)
         return metrics
+
+    @property
+    def _optim(self):
+        """The ``optim`` group as one rank sees it: ``mini_batch_size`` counts the rows of all ranks, so each
+        rank's mini-batches hold its share of them."""
+        optim, world = self.config.optim, self.backend.world_size
+        return optim if world == 1 else dataclasses.replace(optim, mini_batch_size=optim.mini_batch_size // world)
+
+    def _all_rank_metrics(self, metrics: dict[str, float], update_keys: set[str]) -> dict[str, float]:
+        """A step's metrics over every rank's share (rank 0's keys): the update's statistics, additive shares
+        of the global batch's, and the counts (rows, tokens/s) are summed; the optimiser's (gradient norm,
+        updates, rate) are the same on every rank; the rest are means of per-rank means, exact for the
+        episode means (every rank plays as many episodes)."""
+        keys = self.backend.broadcast_object(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
+        same = {"lr", "grad_norm", "updates/applied", "updates/skipped", "rollout_rounds"}
+        summed = (update_keys - same) | {"rows", "tokens_per_s"}
+        total = self.backend.all_reduce_sum(torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64))
+        out = dict(metrics)
+        for key, value in zip(keys, total.tolist()):
+            if key not in same:
+                out[key] = value if key in summed else value / self.backend.world_size
+        return out
 
     def _call(self, hook: str, *args: Any) -> None:
         for callback in self.callbacks:
@@ -327,7 +367,8 @@ class Trainer:
         ``questions_per_step`` groups are kept, roll out further questions, up to the algorithm's
         ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept.
         Returns every episode rolled out, the batch, the summed timings and the rounds taken."""
-        wanted = self.config.rollout.questions_per_step
+        world, rank = self.backend.world_size, self.backend.rank
+        wanted = self.config.rollout.questions_per_step // world  # this rank's share (whole question groups)
         pad = self.policy.codec.pad_id
         trajectories: list[Trajectory] = []
         kept: list[TrainBatch] = []
@@ -337,8 +378,13 @@ class Trainer:
         for round_ in range(self.algorithm.rollout_rounds):
             # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
             seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
-            rollout = collect_rollouts(self.agent_factory(False, seed), self.rollout_env(), self.order.take(wanted),
-                                       group_size=self.config.algorithm.group_size)
+            questions = self.order.take(wanted * world)  # the same on every rank, which keeps its share
+            if world > 1:
+                seed = self._seed("rollout", round_, rank)
+                questions = questions[rank * wanted : (rank + 1) * wanted]
+            with self.backend.generation():
+                rollout = collect_rollouts(self.agent_factory(False, seed), self.rollout_env(), questions,
+                                           group_size=self.config.algorithm.group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)
             batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad,
@@ -401,7 +447,9 @@ class Trainer:
             return {}
         self._call("on_evaluation_start", stage)
         periodic_greedy = stage is None and not self.config.eval.periodic_sampled
-        results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled"))
+        with self.backend.generation():  # rank 0 evaluates, the others wait
+            results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled")) if self.backend.rank == 0 else {}
+        self.backend.barrier()
         self._call("on_evaluation", stage, results)
         return results
 
@@ -461,6 +509,8 @@ class Trainer:
         self.resumed = True
 
     def _write_config(self) -> None:
+        if self.backend.rank != 0:
+            return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(json.dumps(self.config.as_dict(), indent=2) + "\n")
 

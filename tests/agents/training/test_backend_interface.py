@@ -134,5 +134,5 @@ def test_the_trainer_trains_through_a_registered_backend_of_its_own(tmp_path, fa
 
 
 def test_an_unknown_backend_is_a_one_line_error(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown backend 'deepspeed'.*torch"):
-        build_trainer(small_config("grpo", tmp_path, {"run.backend": "deepspeed", "eval.questions": 0}))
+    with pytest.raises(ValueError, match=r"unknown backend 'deepspeeed'.*torch"):
+        build_trainer(small_config("grpo", tmp_path, {"run.backend": "deepspeeed", "eval.questions": 0}))

@@ -1,0 +1,426 @@
+"""DeepSpeed ZeRO-2/3 as a training backend (``run.backend: deepspeed``), for data-parallel training.
+
+Launch one process per device::
+
+    torchrun --nproc_per_node 2 -m agents.train --run.backend deepspeed --run.zero_stage 3 ...
+    deepspeed --num_gpus 2 --module agents.train --run.backend deepspeed ...
+
+On several machines (the same command on each; ``MASTER`` is the first machine's address)::
+
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint MASTER:29500 --rdzv_id run1 \
+        -m agents.train --run.backend deepspeed ...
+    deepspeed --hostfile hostfile --master_addr MASTER --module agents.train --run.backend deepspeed ...
+    # hostfile: one line per machine, "host1 slots=8"
+
+Every rank searches: a retrieval server (``python -m search_env.server``) runs once, on any machine the
+ranks reach, and each rank's environment points its ``RemoteSource`` at it. On a CPU the ranks talk
+over gloo and train in fp32.
+
+The maths of a step stay those of one process:
+
+* every rank rolls out its own share of ``rollout.questions_per_step`` (whole question groups; the trainer
+  splits the questions, see :attr:`TrainingBackend.world_size`), and the update's denominators are the
+  counts of the whole batch over all ranks (:meth:`DeepSpeedBackend.reduce_counts`), as are the batch-wide
+  statistics of the learners (REINFORCE++'s and PPO's whitening read :meth:`all_reduce_sum`);
+* each micro-batch's loss is already divided by those global counts, so the engine must neither divide it
+  by its accumulation steps (``backward(..., scale_wrt_gas=False)``, and ``managed_gradient_accumulation``
+  off: :meth:`step` is the accumulation boundary) nor average it over ranks: the loss is multiplied by the
+  world size, which the engine's data-parallel mean divides back out, so the gradient is the sum over
+  ranks of the shares - the full batch's gradient;
+* the learning-rate schedule counts training steps (:meth:`finish_step`), as :class:`TorchBackend`'s does.
+
+The DeepSpeed config is derived from the run's (:func:`deepspeed_config`): micro batch, clipping, ZeRO
+stage, precision (bf16 on a GPU that has it, fp32 on a CPU); ``run.deepspeed_config`` names a JSON file
+whose keys override the derived ones (nested groups merged key by key). No ``"auto"`` may remain.
+
+Under ZeRO-3 the parameters are sharded: :meth:`generation` gathers them whole for the HF sampler's
+decoding (with the engine's per-module hooks lifted meanwhile, so that decoding, whose length differs
+from rank to rank, runs no collective) and shards them again after. The frozen reference is sharded too
+(a ZeRO-3 engine without optimiser); under ZeRO-2 it is a whole copy (stage 0). PPO's separate critic is
+refused (``algorithm.critic: head`` trains a value head with the policy).
+
+Checkpoints go through the engine's own ``save_checkpoint``/``load_checkpoint`` (one file per rank for
+the sharded states) into the backend's folder, with the schedule's position in its client state.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import socket
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+
+from agents.learners.config import warmup_steps
+from agents.policies.policy import HFPolicy, PolicyOutput
+from agents.rollout.batch import TrainBatch
+from agents.training.backend import TrainingBackend, _linear_warmup, register_backend
+from agents.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    from agents.learners import Algorithm, BatchCounts
+
+__all__ = ["DeepSpeedBackend", "deepspeed_config", "import_deepspeed"]
+
+#: The tag of the engine's checkpoint inside the backend's folder.
+ENGINE_TAG = "engine"
+
+
+def import_deepspeed() -> Any:
+    """The ``deepspeed`` module, or one ``ImportError`` line naming the extra that installs it."""
+    try:
+        import deepspeed
+    except ImportError:
+        raise ImportError("run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym[deepspeed]'") from None
+    return deepspeed
+
+
+def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16_ok: bool,
+                     hidden_size: int | None = None) -> dict[str, Any]:
+    """The engine's config for a run: derived from ``config`` (micro batch, clipping, ZeRO stage,
+    precision), then overridden by the keys of the JSON file ``run.deepspeed_config`` names.
+
+    Raises:
+        ValueError: the file cannot be read, or a value is left ``"auto"`` (this backend resolves none).
+    """
+    run, optim = config.run, config.optim
+    micro = optim.micro_batch_size if optim.micro_batch_size > 0 else 1
+    zero: dict[str, Any] = {"stage": run.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if run.zero_stage == 3 and hidden_size:
+        h = hidden_size
+        zero.update({"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h),
+                     "stage3_param_persistence_threshold": 10 * h})
+    derived: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": micro * world_size,
+        # step() is the accumulation boundary: the trainer decides how many micro-batches an update has.
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": optim.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bool(on_gpu and bf16_ok and run.dtype != "fp32")},
+        "fp16": {"enabled": False},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+    if run.deepspeed_config:
+        path = Path(run.deepspeed_config)
+        try:
+            overrides = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"run.deepspeed_config {path}: {' '.join(str(exc).split())}") from None
+        if not isinstance(overrides, dict):
+            raise ValueError(f"run.deepspeed_config {path} must hold a JSON object")
+        derived = _merged(derived, overrides)
+    left = _auto_keys(derived)
+    if left:
+        raise ValueError(f"the DeepSpeed config leaves {', '.join(left)} as \"auto\"; give a value "
+                         "(this backend derives micro batch, clipping and precision from the run's config)")
+    return derived
+
+
+def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _auto_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
+    found = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            found += _auto_keys(value, f"{prefix}{key}.")
+        elif value == "auto":
+            found.append(prefix + key)
+    return found
+
+
+def init_distributed(deepspeed: Any, on_gpu: bool) -> None:
+    """Join the launcher's process group (torchrun's or DeepSpeed's environment), or start a group of one
+    when the command was run without a launcher."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    if "RANK" not in os.environ:  # a plain `python -m agents.train`: one rank
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@register_backend("deepspeed")
+class DeepSpeedBackend(TrainingBackend):
+    """The policy (and a value head) in a DeepSpeed ZeRO engine, one process per device (module docstring).
+
+    Args:
+        policy: the policy to train, not yet sharded.
+        config: the run's config (``run.zero_stage``, ``run.deepspeed_config``, the ``optim`` group ...).
+        with_reference: keep a frozen copy of the policy for KL terms.
+    """
+
+    def __init__(self, policy: HFPolicy, config: TrainConfig, *, with_reference: bool = False) -> None:
+        super().__init__()
+        deepspeed = import_deepspeed()
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        on_gpu = accelerator.device_name() not in ("cpu",)
+        init_distributed(deepspeed, on_gpu)
+        import torch.distributed as dist
+
+        self._dist = dist
+        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        self.config = config
+        self.stage = config.run.zero_stage
+        self._device = torch.device(accelerator.current_device_name()) if on_gpu else torch.device("cpu")
+        if on_gpu and self.stage not in (2, 3):
+            raise ValueError(f"run.zero_stage {self.stage} is not one this backend runs (2 or 3)")
+        bf16_ok = on_gpu and accelerator.is_bf16_supported()
+        if config.run.dtype == "bf16" and not bf16_ok:
+            raise ValueError("run.dtype bf16 with run.backend deepspeed needs a GPU that supports bf16 (on a CPU the engine trains in fp32)")
+        hidden = getattr(getattr(policy.model, "config", None), "hidden_size", None)
+        self.ds_config = deepspeed_config(config, self._world, on_gpu=on_gpu, bf16_ok=bf16_ok, hidden_size=hidden)
+        policy.to(self._device)
+        reference = copy.deepcopy(policy) if with_reference else None  # before the policy's weights are sharded
+        optim = config.optim
+        self.client_optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.learning_rate,
+                                                  betas=tuple(optim.adam_betas), weight_decay=optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.client_optimizer, _linear_warmup(warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps)))
+        try:
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=policy, optimizer=self.client_optimizer, config=self.ds_config)
+        except (AssertionError, NotImplementedError) as exc:
+            raise ValueError(f"DeepSpeed cannot run ZeRO stage {self.stage} on {self._device.type}: "
+                             f"{' '.join(str(exc).split()) or type(exc).__name__}") from None
+        self.policy = policy
+        self.reference: Any = None
+        self._with_reference = with_reference
+        if reference is not None:
+            self.reference = self._frozen(reference)
+        self._supervised: dict[str, Any] | None = None
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> DeepSpeedBackend:
+        """Refuses what this backend cannot run with one line: PPO's separate critic, DAPO's refilled
+        rollouts (their row counts differ between ranks) and a world size that does not divide
+        ``rollout.questions_per_step`` (a question's group is never split between ranks)."""
+        if algorithm.uses_critic and not algorithm.value_head:
+            raise ValueError("run.backend deepspeed does not train PPO's separate critic: use --algorithm.critic head")
+        if getattr(config.algorithm, "dynamic_sampling", False):
+            raise ValueError("run.backend deepspeed does not run GRPO's dynamic_sampling (ranks would keep different row counts)")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        check_world(config, world)
+        if world > 1 and config.warm_start.steps + config.warm_start.copy_steps > 0:
+            raise ValueError("run.backend deepspeed runs a warm start on one process only (every rank would clone the "
+                             "same demonstrations): warm-start on one rank, then train from its policy with --model.name")
+        return cls(policy, config, with_reference=algorithm.uses_reference)
+
+    def _frozen(self, model: HFPolicy) -> Any:
+        """A frozen copy for reference log-probs: sharded (a ZeRO-3 engine without optimiser) under
+        ZeRO-3, whole (stage 0) otherwise."""
+        model.eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        if self.stage < 3:
+            return model
+        deepspeed = import_deepspeed()
+        ref_config = {k: v for k, v in self.ds_config.items() if k not in ("gradient_clipping",)}
+        ref_config["zero_optimization"] = {"stage": 3, **{k: v for k, v in self.ds_config["zero_optimization"].items()
+                                                          if k.startswith("stage3_")}}
+        engine, *_ = deepspeed.initialize(model=model, config=ref_config)
+        engine.eval()
+        return engine
+
+    # -- data parallelism ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.detach().to(self._device, torch.float64 if self._device.type == "cpu" else torch.float32).clone()
+        self._dist.all_reduce(out)
+        return out.to(tensor.device, tensor.dtype)
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def reduce_counts(self, counts: BatchCounts) -> BatchCounts:
+        from agents.learners import BatchCounts
+
+        summed = self.all_reduce_sum(torch.tensor([counts.tokens, counts.sequences], dtype=torch.float64))
+        return BatchCounts(tokens=float(summed[0]), sequences=float(summed[1]), norm_length=counts.norm_length)
+
+    @contextmanager
+    def generation(self) -> Iterator[None]:
+        """The policy's weights whole for decoding (ZeRO-3: gathered on every rank, the engine's module
+        hooks lifted, then sharded again); a collective every rank enters."""
+        if self.stage < 3:
+            yield
+            return
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+        offload = self.engine.optimizer.parameter_offload
+        with GatheredParameters(list(self.policy.parameters())):
+            for param in self.policy.parameters():
+                param.ds_active_sub_modules.clear()
+            for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                offload._register_deepspeed_module(offload.module)
+
+    # -- forward passes --------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def forward(self, batch: TrainBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
+        return self.engine(batch.input_ids, batch.attention_mask, batch.position_ids,
+                           temperature=self.config.rollout.temperature, with_entropy=with_entropy,
+                           with_values=with_values, from_column=batch.first_trained_column)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.reference is None:
+            raise RuntimeError("this backend keeps no reference policy (no KL term)")
+        return self.reference(batch.input_ids, batch.attention_mask, batch.position_ids,
+                              temperature=self.config.rollout.temperature,
+                              from_column=batch.first_trained_column).logprobs
+
+    def reset_reference(self) -> None:
+        if self.reference is None:
+            return
+        if self.stage < 3:
+            self.reference.load_state_dict(self.policy.state_dict())
+            return
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+        ref_module = self.reference.module
+        with GatheredParameters(list(self.policy.parameters())), \
+                GatheredParameters(list(ref_module.parameters()), modifier_rank=0), torch.no_grad():
+            for mine, theirs in zip(ref_module.parameters(), self.policy.parameters()):
+                mine.data.copy_(theirs.data)
+
+    def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        size = self.config.optim.micro_batch_size
+        return batch.micro_batches(size if size > 0 else max(len(batch), 1))
+
+    # -- optimisation ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        # The loss is this rank's share of the global batch's loss: the engine's data-parallel mean must
+        # become a sum (x world size) and its accumulation scaling is off.
+        self.engine.backward(loss * self._world, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        supervised = self._supervised
+        if supervised is not None:  # a warm start's own rate schedule on the same engine
+            factor = supervised["schedule"](supervised["steps"])
+            for group in self.client_optimizer.param_groups:
+                group["lr"] = supervised["lr"] * factor
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm = float(norm) if norm is not None else 0.0
+        if supervised is not None:
+            supervised["steps"] += 1
+        self._run_post_step_hooks()
+        return norm
+
+    def finish_step(self) -> None:
+        self.scheduler.step()
+
+    @contextmanager
+    def supervised(self, learning_rate: float, schedule: Callable[[int], float] | None = None,
+                   **adamw: Any) -> Iterator[None]:
+        """The warm start's steps on the run's engine at ``learning_rate`` x ``schedule``; its AdamW moments
+        are the run's own optimiser's (a sharded engine has one optimiser), so they are cleared after
+        the block, and the run's rates are put back."""
+        saved = [(group["lr"], dict(group)) for group in self.client_optimizer.param_groups]
+        self._supervised = {"lr": learning_rate, "schedule": schedule or (lambda _: 1.0), "steps": 0}
+        try:
+            yield
+        finally:
+            self._supervised = None
+            for group, (lr, _) in zip(self.client_optimizer.param_groups, saved):
+                group["lr"] = lr
+            self.client_optimizer.state.clear()
+
+    def train(self) -> None:
+        self.engine.train()
+
+    def eval(self) -> None:
+        self.engine.eval()
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.client_optimizer.param_groups[0]["lr"])
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """The engine's checkpoint (weights, optimiser shards: one file per rank) and the schedule's
+        position; a collective every rank enters. The reference is saved only when a warm start made
+        it differ from what the run's start rebuilds (it is then the policy at the warm start's end)."""
+        client = {"scheduler": self.scheduler.state_dict(), "world_size": self._world, "zero_stage": self.stage}
+        self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, client_state=client, save_latest=False)
+        if self.reference is not None and self.config.warm_start.steps + self.config.warm_start.copy_steps > 0:
+            if self.stage < 3:
+                if self._rank == 0:
+                    torch.save(self.reference.state_dict(), Path(directory) / "reference.pt")
+            else:
+                self.reference.save_checkpoint(str(directory), tag="reference", save_latest=False)
+        self.barrier()
+
+    def load(self, directory: Path) -> None:
+        folder = Path(directory)
+        if not (folder / ENGINE_TAG).is_dir():
+            raise ValueError(f"checkpoint folder {folder} holds no DeepSpeed engine checkpoint ({ENGINE_TAG}/): "
+                             "it was written by another backend")
+        _, client = self.engine.load_checkpoint(str(folder), tag=ENGINE_TAG)
+        if client is None:
+            raise ValueError(f"DeepSpeed could not load the checkpoint in {folder}")
+        if client.get("world_size") != self._world or client.get("zero_stage") != self.stage:
+            raise ValueError(f"checkpoint {folder} was written by {client.get('world_size')} ranks under ZeRO-"
+                             f"{client.get('zero_stage')}; this run has {self._world} under ZeRO-{self.stage}")
+        self.scheduler.load_state_dict(client["scheduler"])
+        for group, factor in zip(self.client_optimizer.param_groups, self.scheduler.lr_lambdas):
+            group["lr"] = self.scheduler.base_lrs[0] * factor(self.scheduler.last_epoch)
+        if self.reference is not None:
+            if (folder / "reference.pt").is_file():
+                self.reference.load_state_dict(torch.load(folder / "reference.pt", map_location=self._device, weights_only=True))
+            elif (folder / "reference").is_dir():
+                self.reference.load_checkpoint(str(folder), tag="reference", load_optimizer_states=False,
+                                               load_lr_scheduler_states=False)
+
+
+def check_world(config: TrainConfig, world: int) -> None:
+    """One line when ``world`` ranks cannot share a step's questions and mini-batches evenly."""
+    questions = config.rollout.questions_per_step
+    if questions % world:
+        raise ValueError(f"{world} ranks cannot share rollout.questions_per_step={questions} "
+                         f"(a question's group stays on one rank): use a multiple of {world}")
+    mini = config.optim.mini_batch_size
+    if mini and mini % world:
+        raise ValueError(f"{world} ranks cannot share optim.mini_batch_size={mini} evenly: use a multiple of {world}")

@@ -1,0 +1,146 @@
+"""The DeepSpeed backend keeps the maths of one process: two ranks under ZeRO-2 or ZeRO-3 (``torchrun``, gloo
+on the CPU), each holding one question group of uneven rows, take the same two optimiser steps on the same
+global batch as the single-process torch backend, to float32 rounding (parameters within 1e-5; the updates
+move them by about 2e-3). A 2-rank run stopped after a checkpoint and resumed ends where the
+uninterrupted run does. Bad setups are one line."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+skip_without("deepspeed", "deepspeed")
+import torch  # noqa: E402
+
+from agents.training.config import TrainConfig  # noqa: E402
+from agents.training.deepspeed_backend import check_world, deepspeed_config  # noqa: E402
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+#: Parameters of the two runs agree within this (float32 sums taken in another order; Adam steps of 1e-3).
+ATOL = 1e-5
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SEARCHQA_PROGRESS": "0"}
+
+
+def torchrun(ranks: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+               "--master_addr", "127.0.0.1", "--master_port", str(_port()), *args]
+    done = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done
+
+
+def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2) -> dict:
+    out = tmp_path / f"{algo}-{backend}-{zero}.pt"
+    args = ["-m", "tests.agents.training.ds_equivalence", "--algo", algo, "--backend", backend, "--zero", str(zero),
+            "--out", str(out)]
+    if backend == "torch":
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+    else:
+        torchrun(2, *args)
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("algo, zero", [("grpo", 2), ("grpo", 3), ("ppo", 3), ("reinforce++", 2)])
+def test_two_ranks_take_the_single_process_steps(tmp_path, algo, zero):
+    single = _update(tmp_path, algo, "torch")
+    ranks = _update(tmp_path, algo, "deepspeed", zero)
+    from tests.agents.training.ds_equivalence import main  # noqa: F401  (the worker imports)
+
+    assert single["params"].keys() == ranks["params"].keys()
+    for name, value in single["params"].items():
+        torch.testing.assert_close(ranks["params"][name], value, atol=ATOL, rtol=0, msg=name)
+    for key, value in single["loss"].items():  # the logged losses are the whole batch's
+        assert ranks["loss"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert ranks["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4)
+
+
+def _train(tmp_path: Path, out: str, *flags: str) -> None:
+    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--run.zero_stage", "3", "--run.steps", "2",
+             "--rollout.questions_per_step", "2", "--algorithm.group_size", "2", "--env.max_new_tokens", "12",
+             "--data.world_size", "30", "--eval.questions", "2", "--optim.micro_batch_size", "2",
+             "--optim.learning_rate", "1e-3", "--algorithm.kl_coef", "0.01", "--model.tiny_layers", "1",
+             "--model.tiny_hidden", "32", "--model.tiny_heads", "2", "--run.report_to", "[]",
+             "--run.output_dir", str(tmp_path / out), *flags)
+
+
+def test_a_stopped_two_rank_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _train(tmp_path, "whole")
+    _train(tmp_path, "sliced", "--run.stop_after", "1")
+    assert not (tmp_path / "sliced" / "policy").exists()
+    _train(tmp_path, "sliced", "--run.resume", "true")
+    whole = AutoModelForCausalLM.from_pretrained(tmp_path / "whole" / "policy").state_dict()
+    sliced = AutoModelForCausalLM.from_pretrained(tmp_path / "sliced" / "policy").state_dict()
+    for name, value in whole.items():
+        torch.testing.assert_close(sliced[name], value, atol=0, rtol=0, msg=name)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "sliced" / "metrics.jsonl").read_text().splitlines()
+             if "stage" not in json.loads(line)]
+    assert steps == [1, 2]  # one rank logs
+
+
+def test_a_world_size_that_does_not_divide_the_questions_is_one_line():
+    config = TrainConfig("grpo").updated({"rollout.questions_per_step": 3})
+    with pytest.raises(ValueError, match=r"^2 ranks cannot share rollout.questions_per_step=3 .*multiple of 2$"):
+        check_world(config, 2)
+    check_world(config, 3)
+
+
+def test_the_engine_config_is_derived_and_overridden_by_the_json_file(tmp_path):
+    config = TrainConfig("grpo").updated({"optim.micro_batch_size": 4, "optim.max_grad_norm": 0.5, "run.zero_stage": 3})
+    derived = deepspeed_config(config, 2, on_gpu=False, bf16_ok=False, hidden_size=64)
+    assert derived["train_micro_batch_size_per_gpu"] == 4 and derived["train_batch_size"] == 8
+    assert derived["gradient_clipping"] == 0.5 and derived["zero_optimization"]["stage"] == 3
+    assert derived["bf16"] == {"enabled": False} and derived["managed_gradient_accumulation"] is False
+    assert deepspeed_config(config, 2, on_gpu=True, bf16_ok=True)["bf16"] == {"enabled": True}
+    overrides = tmp_path / "ds.json"
+    overrides.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1000}, "steps_per_print": 5}))
+    merged = deepspeed_config(config.updated({"run.deepspeed_config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
+    assert merged["zero_optimization"]["reduce_bucket_size"] == 1000 and merged["zero_optimization"]["stage"] == 3
+    assert merged["steps_per_print"] == 5
+    overrides.write_text(json.dumps({"gradient_clipping": "auto"}))
+    with pytest.raises(ValueError, match="leaves gradient_clipping as \"auto\""):
+        deepspeed_config(config.updated({"run.deepspeed_config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
+
+
+def test_a_zero_stage_other_than_2_or_3_is_one_line():
+    with pytest.raises(ValueError, match="run.zero_stage must be 2 or 3, got 1"):
+        TrainConfig("grpo").updated({"run.zero_stage": 1})
+
+
+def test_a_separate_ppo_critic_is_refused_in_one_line(tmp_path):
+    from agents.learners.registry import lookup_algorithm
+    from agents.training.deepspeed_backend import DeepSpeedBackend
+
+    config = TrainConfig("ppo").updated({"run.backend": "deepspeed", "algorithm.critic": "separate"})
+    algorithm = lookup_algorithm("ppo")(config.algorithm)
+    with pytest.raises(ValueError, match="separate critic: use --algorithm.critic head"):
+        DeepSpeedBackend.from_config(config, None, algorithm)
+
+
+def test_deepspeed_missing_is_one_line_naming_the_extra(monkeypatch):
+    from agents.training.deepspeed_backend import import_deepspeed
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)
+    with pytest.raises(ImportError, match=r"^run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym\[deepspeed\]'$"):
+        import_deepspeed()
