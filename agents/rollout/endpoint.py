@@ -118,7 +118,9 @@ class CompletionsEndpointAgent:
         self._codec, self._eos = codec, min(codec.eos_ids)
         # The most characters one token can stand for (a character is at least one byte): a chunk of
         # ``budget`` tokens never spans more than ``budget`` times this many characters of the text.
-        self._token_chars = max(1, max(map(len, codec.token_bytes), default=1))
+        if getattr(self, "_token_chars_codec", None) is not codec:  # a scan of the vocabulary, once per codec
+            self._token_chars_codec = codec
+            self._token_chars = max(1, max(map(len, codec.token_bytes), default=1))
         self._stops = turn_stop_strings(protocol)
         # Each stop string's opening tag, to tell which one a server that does not say stopped at.
         opening = {protocol.call_close: protocol.call_open, protocol.answer_close: protocol.answer_open}
