@@ -1,0 +1,140 @@
+"""Step time and memory per rank of one update of a tiny policy (about 50M parameters): one process with
+the torch backend, then 2 ranks under DeepSpeed ZeRO-2 and ZeRO-3 (torchrun, gloo on a CPU), on the same
+global batch, side by side::
+
+    python -m benchmarks.data_parallel                 # prints the table; --hidden/--layers size the model
+
+Per rank it reports the median update time (score + advantages + one optimiser step over two
+micro-batches per rank), the bytes of parameters and optimiser state the rank holds (its parameter shards
+or whole parameters, the AdamW moments and any fp32 partition of its own), its peak resident memory, and
+the summed loss of the update (the same for all three: the maths do not change with the ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _held_bytes(backend) -> int:
+    """Bytes of parameters and optimiser state this process holds."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen and t.numel():
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+
+    for p in backend.policy.parameters():
+        add(getattr(p, "ds_tensor", None) if getattr(p, "ds_tensor", None) is not None else p.data)
+    optimizer = getattr(backend, "client_optimizer", None) or backend.optimizer
+    for state in optimizer.state.values():
+        for value in state.values():
+            add(value)
+    engine_opt = getattr(getattr(backend, "engine", None), "optimizer", None)
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        for t in getattr(engine_opt, name, None) or []:
+            add(t)
+    return total
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from agents.learners.registry import lookup_algorithm
+    from agents.policies.loading import load_policy
+    from agents.training.backend import build_backend
+    from agents.training.config import TrainConfig
+    from agents.training.update import by_length, score_batch, update_batch
+    from tests.agents.training.ds_equivalence import global_batch
+
+    torch.set_num_threads(1)
+    config = TrainConfig("grpo").updated({
+        "run.backend": args.backend, "run.zero_stage": args.zero, "rollout.questions_per_step": 2,
+        "algorithm.group_size": 3, "optim.micro_batch_size": 2,
+        "optim.learning_rate": 1e-4, "algorithm.kl_coef": 0.0, "model.tiny_hidden": args.hidden,
+        "model.tiny_layers": args.layers, "model.tiny_heads": args.hidden // 64, "env.max_new_tokens": 16})
+    algorithm = lookup_algorithm("grpo")(config.algorithm, max_new_tokens=16)
+    policy = load_policy(config.model, seed=0)
+    n_params = sum(p.numel() for p in policy.parameters())
+    backend = build_backend(config, policy, algorithm)
+    full = global_batch(policy.vocab_size)
+    if backend.world_size > 1:
+        full = full.select([r for r in range(len(full)) if int(full.group_index[r]) == backend.rank])
+    times, losses = [], []
+    for _ in range(args.steps):
+        batch = full.select(by_length(full, torch.arange(len(full))))
+        started = time.perf_counter()
+        score_batch(backend, algorithm, config.optim, batch)
+        algorithm.compute_advantages(batch)
+        stats, _ = update_batch(backend, algorithm, config.optim, batch, shuffle_seed=0, with_entropy=algorithm.needs_entropy)
+        backend.barrier()
+        times.append(time.perf_counter() - started)
+        losses.append(float(backend.all_reduce_sum(torch.tensor(stats["loss/policy"], dtype=torch.float64))))
+    result = {"params": n_params, "step_s": statistics.median(times[1:] or times), "held_bytes": _held_bytes(backend),
+              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "losses": losses}
+    Path(f"{args.out}.rank{backend.rank}.json").write_text(json.dumps(result))
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(label: str, ranks: int, extra: list[str], out: Path, common: list[str]) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    me = [sys.executable, "-m", "benchmarks.data_parallel", "--worker", "--out", str(out / label), *common, *extra]
+    if ranks > 1:
+        me = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(_port()),
+              "-m", "benchmarks.data_parallel", "--worker", "--out", str(out / label), *common, *extra]
+    done = subprocess.run(me, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{label} failed:\n{done.stderr[-4000:]}")
+    return [json.loads((out / f"{label}.rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
+    parser.add_argument("--zero", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--hidden", type=int, default=640)
+    parser.add_argument("--layers", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    common = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--steps", str(args.steps)]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        rows = {"1 process (torch)": run("single", 1, ["--backend", "torch"], out, common),
+                "2 ranks ZeRO-2": run("zero2", 2, ["--backend", "deepspeed", "--zero", "2"], out, common),
+                "2 ranks ZeRO-3": run("zero3", 2, ["--backend", "deepspeed", "--zero", "3"], out, common)}
+    base = rows["1 process (torch)"][0]
+    print(f"policy: {base['params'] / 1e6:.1f}M parameters; global batch 6 rows; medians of {args.steps - 1} updates")
+    print(f"{'setup':<20} {'step s':>8} {'param+optim MiB/rank':>21} {'x single':>9} {'peak RSS MiB/rank':>18}  losses")
+    for label, ranks in rows.items():
+        held = max(r["held_bytes"] for r in ranks)
+        print(f"{label:<20} {max(r['step_s'] for r in ranks):>8.2f} {held / 2**20:>21.1f} {held / base['held_bytes']:>9.2f} "
+              f"{max(r['peak_rss_bytes'] for r in ranks) / 2**20:>18.0f}  {' '.join(f'{x:.6f}' for x in ranks[0]['losses'])}")
+
+
+if __name__ == "__main__":
+    main()
