@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--report-to", nargs="*", default=[], choices=["tensorboard", "wandb"],
                         help="loggers besides metrics.jsonl (a default run writes tensorboard)")
     parser.add_argument("--eval-every", type=int, default=0,
-                        help="greedy evaluation of 2 held-out questions every this many steps (0: none)")
-    parser.add_argument("--seed", type=int, default=0)
+                        help="evaluate 2 held-out questions (greedy and sampled) every this many steps (0: never)")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed")
     parser.add_argument("--json", help="also write the samples and the verdict figures to this file")
     args = parser.parse_args(argv)
     if args.steps < 4 or args.every < 1:
