@@ -22,9 +22,11 @@ from search_env.worker import EnvWorker
 ROOT = Path(__file__).resolve().parents[2]
 
 #: A trainer-like parent: builds environments, forks two workers (the second inherits the first's pipe
-#: end), steps them, prints their pids, then waits to be killed.
+#: end), steps them, prints their pids, then waits to be killed. With "--holder" it then forks a process
+#: that outlives it holding every pipe end it had (as a data-loader worker would): the workers must not
+#: wait for their pipes to close.
 TRAINER = """
-import time
+import os, sys, time
 from search_env import BatchSearchQAEnv
 from search_env.worker import EnvWorker
 
@@ -33,7 +35,14 @@ workers = [EnvWorker(env), EnvWorker(env)]
 for worker in workers:
     worker.reset(options=[{"index": 0}, {"index": 1}])
     worker.step([env.codec.encode(" thinking"), None])
-print(" ".join(str(worker._process.pid) for worker in workers), flush=True)
+pids = [worker._process.pid for worker in workers]
+if "--holder" in sys.argv:
+    holder = os.fork()
+    if holder == 0:
+        time.sleep(300)
+        os._exit(0)
+    pids.append(holder)
+print(" ".join(map(str, pids)), flush=True)
 time.sleep(600)
 """
 
@@ -65,24 +74,27 @@ def codec():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.timeout(180)
-def test_workers_exit_when_their_trainer_is_killed_with_sigkill(tmp_path):
+@pytest.mark.parametrize("holder", [False, True], ids=["alone", "pipe-ends-held-by-another-process"])
+def test_workers_exit_when_their_trainer_is_killed_with_sigkill(tmp_path, holder):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    trainer = subprocess.Popen([sys.executable, str(script), *(["--holder"] if holder else [])],
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     pids: list[int] = []
     try:
         pids = [int(pid) for pid in trainer.stdout.readline().split()]
-        assert len(pids) == 2 and not any(gone(pid) for pid in pids)
+        workers = pids[:2]
+        assert len(pids) == 2 + holder and not any(gone(pid) for pid in pids)
         trainer.kill()
         trainer.wait()
-        assert wait_until(lambda: all(gone(pid) for pid in pids), bound_s=30.0), \
-            f"workers still alive 30 s after their trainer was killed: {[p for p in pids if not gone(p)]}"
+        assert wait_until(lambda: all(gone(pid) for pid in workers), bound_s=30.0), \
+            f"workers still alive 30 s after their trainer was killed: {[p for p in workers if not gone(p)]}"
     finally:
         trainer.kill()
         trainer.wait()
         trainer.stdout.close()
-        for pid in pids:  # the test's own workers, should they have outlived it
+        for pid in pids:  # the test's own processes, should they have outlived it
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
