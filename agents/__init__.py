@@ -29,7 +29,7 @@ _LAZY = {
     "PPOConfig": "agents.learners", "GRPOConfig": "agents.learners", "ReinforcePPConfig": "agents.learners",
     "ReinforcePPBaselineConfig": "agents.learners",
     "TrainingBackend": "agents.training.backend", "TorchBackend": "agents.training.backend",
-    "Trainer": "agents.training.trainer", "TrainResult": "agents.training.trainer",
+    "Trainer": "agents.training.trainer", "TrainResult": "agents.training.result",
     "build_trainer": "agents.training.build",
     "warm_start": "agents.training.warm_start",
     "EvalResult": "agents.training.evaluation", "evaluate": "agents.training.evaluation", "summarize": "agents.training.evaluation",

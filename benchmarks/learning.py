@@ -38,7 +38,8 @@ from search_env.console import HelpFormatter
 if TYPE_CHECKING:
     from agents.training.config import TrainConfig
     from agents.training.evaluation import EvalResult
-    from agents.training.trainer import Trainer, TrainResult
+    from agents.training.result import TrainResult
+    from agents.training.trainer import Trainer
 
 __all__ = ["DEMO_RECIPE", "LearningCurve", "SeedRun", "demo_config", "format_table", "main", "plot", "run_seed"]
 

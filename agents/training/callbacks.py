@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
     from agents.training.evaluation import EvalResult
-    from agents.training.trainer import Trainer, TrainResult
+    from agents.training.result import TrainResult
+    from agents.training.trainer import Trainer
     from search_env.trajectory import Trajectory
 
 __all__ = ["Callback"]

@@ -46,10 +46,9 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import socket
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 

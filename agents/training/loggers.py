@@ -18,7 +18,8 @@ from agents.training.callbacks import Callback
 from search_env._optional import requires_extra
 
 if TYPE_CHECKING:
-    from agents.training.trainer import Trainer, TrainResult
+    from agents.training.result import TrainResult
+    from agents.training.trainer import Trainer
 
 __all__ = ["JsonLinesLogger", "TensorBoardLogger", "WandbLogger", "loggers_for", "plot_curve", "read_metrics"]
 

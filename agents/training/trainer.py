@@ -13,11 +13,10 @@ Each step:
    advantages that needs them (no critic, no KL in the reward), the rollout policy's log-probs are
    those of the update's own forward pass, detached (ratio 1, the on-policy gradient), and the extra
    pass is skipped;
-5. the algorithm's advantages; then ``optim.update_epochs`` passes over mini-batches, each split by the
-   backend into micro-batches whose losses are scaled by the mini-batch's global counts (reduced across
-   data-parallel ranks by the backend), so one optimiser step sees the full mini-batch gradient. Rows are ordered by length before the split, so
-   that a micro-batch, trimmed to its longest row, carries little padding (the result does not depend
-   on the split).
+5. the algorithm's advantages; then ``optim.update_epochs`` passes over mini-batches
+   (:mod:`agents.training.update`), each split by the backend into micro-batches whose losses are scaled
+   by the mini-batch's global counts (reduced across data-parallel ranks by the backend), so one
+   optimiser step sees the full mini-batch gradient.
 
 Evaluation (greedy and sampled, on held-out questions) runs before training, after the optional
 warm start, every ``eval.every`` steps and at the end. Callbacks (:mod:`agents.training.callbacks`; the
@@ -25,9 +24,12 @@ loggers are callbacks) run at each of these points. Checkpoints hold everything 
 the backend's folder (weights, optimiser and schedule states), the global random generators, the data
 position, the step - so a run stopped after step k and resumed takes exactly the steps an uninterrupted
 run takes. At the end the policy is also written as a standard transformers model folder (``policy/``)
-that ``--model.name`` and any Hugging Face tool load. Samplers
-and mini-batch shuffles draw from generators seeded by (seed, step), so evaluating more or less often
-never changes what training does.
+that ``--model.name`` and any Hugging Face tool load. Samplers and mini-batch shuffles draw from
+generators seeded by (seed, step), so evaluating more or less often never changes what training does.
+
+The module holds the loop itself, a little over 450 lines so that it reads top to bottom in one place;
+what the loop calls lives beside it (the update, evaluation, checkpoints and resume, health checks,
+console output).
 """
 from __future__ import annotations
 
@@ -38,7 +40,6 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -57,11 +58,10 @@ from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, restore_rng
 from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
-from agents.training.evaluation import (
-    EvalResult, evaluate, format_table, questions_by_hops, reward_component_means, summarize,
-)
+from agents.training.evaluation import EvalResult, evaluate, questions_by_hops, reward_component_means, summarize
 from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
-from agents.training.loggers import CURVE_FILE, METRICS_FILE, loggers_for
+from agents.training.loggers import loggers_for
+from agents.training.result import TrainResult
 from agents.training.resume import resume_run, run_state, start_run
 from agents.training.run_checks import prepare_output
 from agents.training.samples import SampleLogger
@@ -72,7 +72,7 @@ from search_env.data.example import QAExample
 from search_env.trajectory import Trajectory
 from search_env.worker import EnvWorker
 
-__all__ = ["Trainer", "TrainResult"]
+__all__ = ["Trainer"]
 
 CHECKPOINT_FORMAT = 2
 #: Where the trained policy goes, as a transformers model folder.
@@ -82,57 +82,6 @@ _STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
 
 AgentFactory = Callable[[bool, int], RolloutAgent]
 """``factory(greedy, seed)``: the rollout agent for one rollout (greedy decoding or sampling, seeded)."""
-
-
-@dataclass
-class TrainResult:
-    """What a finished (or stopped) :meth:`Trainer.train` call leaves.
-
-    Attributes:
-        step: completed steps.
-        steps: the steps the run was configured for.
-        algo: the algorithm's name.
-        evaluations: ``{stage: {mode: EvalResult}}`` for the stages ``"start"``, ``"warm start"`` (with a
-            warm start) and ``"final"`` (when the run reached its steps); modes are ``greedy`` and
-            ``sampled`` (and ``greedy 1-hop`` ... with ``eval.by_hops``).
-        output_dir / checkpoint_path / policy_dir: where the run's files, its checkpoint and the trained
-            policy (a transformers model folder) went; the logs and curve are in ``output_dir``.
-        steps_run / updated_steps / skipped_updates: the training steps this :meth:`Trainer.train` call
-            took, how many of them changed the policy (at least one optimiser update applied), and the
-            optimiser updates skipped for a non-finite gradient norm.
-    """
-
-    step: int
-    steps: int
-    algo: str
-    evaluations: dict[str, dict[str, EvalResult]]
-    output_dir: Path
-    checkpoint_path: Path
-    policy_dir: Path
-    steps_run: int = 0
-    updated_steps: int = 0
-    skipped_updates: int = 0
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.output_dir / METRICS_FILE
-
-    @property
-    def curve_path(self) -> Path:
-        return self.output_dir / CURVE_FILE
-
-    def report(self) -> str:
-        """The before/after table and where things are, as the command prints them."""
-        lines = [f"{self.algo}: {self.step} of {self.steps} steps"]
-        if self.steps_run:
-            lines.append(f"updated the policy at {self.updated_steps} of the {self.steps_run} steps this invocation took"
-                         + (f" ({self.skipped_updates} optimiser updates skipped: non-finite gradient norm)"
-                            if self.skipped_updates else ""))
-        if self.evaluations:
-            lines += ["", format_table(self.evaluations), ""]
-        lines += [f"curve:       {self.curve_path}", f"metrics:     {self.metrics_path}",
-                  f"checkpoint:  {self.checkpoint_path}", f"policy:      {self.policy_dir}"]
-        return "\n".join(lines)
 
 
 class Trainer:

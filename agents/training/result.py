@@ -1,0 +1,62 @@
+"""What a finished (or stopped) training run leaves: :class:`TrainResult`, with the report the command
+prints."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.training.evaluation import EvalResult, format_table
+from agents.training.loggers import CURVE_FILE, METRICS_FILE
+
+__all__ = ["TrainResult"]
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) :meth:`Trainer.train` call leaves.
+
+    Attributes:
+        step: completed steps.
+        steps: the steps the run was configured for.
+        algo: the algorithm's name.
+        evaluations: ``{stage: {mode: EvalResult}}`` for the stages ``"start"``, ``"warm start"`` (with a
+            warm start) and ``"final"`` (when the run reached its steps); modes are ``greedy`` and
+            ``sampled`` (and ``greedy 1-hop`` ... with ``eval.by_hops``).
+        output_dir / checkpoint_path / policy_dir: where the run's files, its checkpoint and the trained
+            policy (a transformers model folder) went; the logs and curve are in ``output_dir``.
+        steps_run / updated_steps / skipped_updates: the training steps this :meth:`Trainer.train` call
+            took, how many of them changed the policy (at least one optimiser update applied), and the
+            optimiser updates skipped for a non-finite gradient norm.
+    """
+
+    step: int
+    steps: int
+    algo: str
+    evaluations: dict[str, dict[str, EvalResult]]
+    output_dir: Path
+    checkpoint_path: Path
+    policy_dir: Path
+    steps_run: int = 0
+    updated_steps: int = 0
+    skipped_updates: int = 0
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.output_dir / METRICS_FILE
+
+    @property
+    def curve_path(self) -> Path:
+        return self.output_dir / CURVE_FILE
+
+    def report(self) -> str:
+        """The before/after table and where things are, as the command prints them."""
+        lines = [f"{self.algo}: {self.step} of {self.steps} steps"]
+        if self.steps_run:
+            lines.append(f"updated the policy at {self.updated_steps} of the {self.steps_run} steps this invocation took"
+                         + (f" ({self.skipped_updates} optimiser updates skipped: non-finite gradient norm)"
+                            if self.skipped_updates else ""))
+        if self.evaluations:
+            lines += ["", format_table(self.evaluations), ""]
+        lines += [f"curve:       {self.curve_path}", f"metrics:     {self.metrics_path}",
+                  f"checkpoint:  {self.checkpoint_path}", f"policy:      {self.policy_dir}"]
+        return "\n".join(lines)
