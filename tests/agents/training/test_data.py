@@ -103,3 +103,20 @@ def test_a_held_out_demo_world_uses_none_of_the_training_worlds_words():
     assert (words(shared) & words(train)) - frame  # without it, two-token stems repeat across worlds
     assert not (words(held) & words(train)) - frame
     assert invented_words("Zrolxo Systems", "company") == {"Zrolxo"}
+
+
+def test_dataset_files_are_read_before_the_corpus_is_indexed(tmp_path, monkeypatch):
+    """A bad dataset fails before any index is built (on a full Wikipedia corpus that is minutes)."""
+    import search_env.sources.bm25 as bm25
+    from agents.training.config import TrainConfig
+    from agents.training.data import split_data
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "title": "A", "text": "a passage"}\n')
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    built = []
+    monkeypatch.setattr(bm25.BM25Source, "__init__", lambda self, *a, **k: built.append(a))
+    config = TrainConfig("grpo").updated({"data.dataset": str(tmp_path / "bad.jsonl"), "data.corpus": str(corpus)})
+    with pytest.raises(ValueError):
+        split_data(config)
+    assert built == []
