@@ -33,7 +33,9 @@ def results():
     run = subprocess.run([python, str(CHECKS), "sync", "protocols", "grpo"], capture_output=True, text=True,
                          timeout=2100, cwd=REPO_ROOT, env=env)
     assert run.returncode == 0, f"the vLLM checks failed:\n{run.stderr[-6000:]}"
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    print("vLLM checks:", json.dumps(results))  # shown with -rA / -s: the measured gaps and timings
+    return results
 
 
 def test_weights_sync_after_an_optimiser_step(results):

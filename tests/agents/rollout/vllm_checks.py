@@ -168,10 +168,10 @@ CHECKS = {"sync": check_sync, "protocols": check_protocols, "grpo": check_grpo}
 
 if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("VLLM_CHECK_THREADS", "2")))
-    results = {}
+    results: dict = {"seconds": {}}
     for name in sys.argv[1:]:
         started = time.perf_counter()
         results[name] = CHECKS[name]()
-        results[name]["seconds"] = round(time.perf_counter() - started, 1)
-        print(f"check {name} done in {results[name]['seconds']} s", file=sys.stderr, flush=True)
+        results["seconds"][name] = round(time.perf_counter() - started, 1)
+        print(f"check {name} done in {results['seconds'][name]} s", file=sys.stderr, flush=True)
     print(json.dumps(results))
