@@ -17,7 +17,7 @@ The trainer's loop, for each rollout::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
 
 import torch
 
@@ -68,6 +68,9 @@ class Algorithm(ABC):
         name: the registry name (``--algo``); written only here.
         config_class: the config dataclass this algorithm takes.
         uses_critic: whether the trainer must fill ``batch.values`` before :meth:`compute_advantages`.
+        reduce_sum: sums a tensor over data-parallel ranks (set by the trainer from its backend when there
+            are several), so batch-wide statistics such as whitening cover the whole batch; ``None`` on one
+            process.
     """
 
     name: ClassVar[str] = ""
@@ -81,6 +84,7 @@ class Algorithm(ABC):
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.config = config
         self.max_new_tokens = max_new_tokens
+        self.reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def uses_reference(self) -> bool:

@@ -97,7 +97,7 @@ class PPO(Algorithm):
             rewards = rewards + kl_rewards
         advantages, returns = gae(rewards, values, batch.trained_mask, self.config.gamma, self.config.lam)
         if self.config.whiten_advantages:
-            advantages = whiten(advantages, batch.trained_mask, reduce_sum=getattr(self, "reduce_sum", None))
+            advantages = whiten(advantages, batch.trained_mask, reduce_sum=self.reduce_sum)
         batch.advantages, batch.returns = advantages, returns
         stats = self._advantage_stats(batch, kl_rewards)
         stats["value/mean"] = float(masked_mean(values, batch.trained_mask))

@@ -78,7 +78,7 @@ class ReinforcePP(Algorithm):
         if kl_rewards is not None:
             rewards = rewards + kl_rewards
         batch.returns = reinforce_pp_returns(rewards, batch.trained_mask, self.config.gamma)
-        batch.advantages = whiten(batch.returns, batch.trained_mask, reduce_sum=getattr(self, "reduce_sum", None))
+        batch.advantages = whiten(batch.returns, batch.trained_mask, reduce_sum=self.reduce_sum)
         return self._advantage_stats(batch, kl_rewards)
 
 
