@@ -127,3 +127,21 @@ def in_forked_child(function, timeout_s: float = 30.0):
     if status != "ok":
         pytest.fail(f"the forked child raised {value}")
     return value
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own Ctrl-C handler for the test, whatever the test runner inherited: a runner started in
+    the background by a non-interactive shell ignores SIGINT, and so would every process it starts."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def default_sigint_in_child() -> None:
+    """``preexec_fn`` of a child process that must receive Ctrl-C as a terminal's would (see ``default_sigint``)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -79,6 +79,7 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
     separate_critic = algorithm.uses_critic and not algorithm.value_head
     totals: dict[str, float] = defaultdict(float)
     steps = applied = trailing_skips = 0
+    gap_total, gap_count, gap_max = 0.0, 0, 0.0  # the engine's mismatch, when the update's pass gives old log-probs
     backend.train()
     for _ in range(optim.update_epochs):
         order = torch.randperm(rows, generator=shuffle) if size < rows else torch.arange(rows)
@@ -89,6 +90,8 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
                 out = backend.forward(mb, with_entropy=with_entropy, with_values=algorithm.uses_critic)
                 if mb.old_logprobs is None:  # the policy has not moved since the rollout (see score_batch)
                     mb = dataclasses.replace(mb, old_logprobs=out.logprobs.detach())
+                    total, count, largest = _gap(mb)
+                    gap_total, gap_count, gap_max = gap_total + total, gap_count + count, max(gap_max, largest)
                 loss, mb_stats = algorithm.loss(mb, out, counts)
                 if separate_critic:
                     critic_loss, critic_stats = algorithm.critic_loss(mb, out.values, counts)
@@ -103,7 +106,8 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
             applied += math.isfinite(norm)
             trailing_skips = 0 if math.isfinite(norm) else trailing_skips + 1
     stats = {**{key: value / steps for key, value in totals.items()},
-             "updates/applied": float(applied), "updates/skipped": float(steps - applied)}
+             "updates/applied": float(applied), "updates/skipped": float(steps - applied),
+             **_gap_stats(gap_total, gap_count, gap_max)}
     return stats, trailing_skips
 
 
@@ -111,14 +115,25 @@ def engine_mismatch(batch: TrainBatch) -> dict[str, float]:
     """How far the rollout engine's log-probs of the sampled tokens are from the trainer's for the same
     policy (mean and max absolute difference over trained tokens): near 0 when they agree, as with the HF
     sampler; a skipped or failed weight sync of a separate engine shows up here. Empty when either side
-    is missing (no engine log-probs, or the trainer's come from the update's own pass)."""
+    is missing (no engine log-probs, or the trainer's come later, from the update's own pass, which
+    :func:`update_batch` measures instead)."""
+    return _gap_stats(*_gap(batch))
+
+
+def _gap(batch: TrainBatch) -> tuple[float, int, float]:
+    """(sum, count, max) of |rollout log-prob - old log-prob| over the batch's trained tokens ((0, 0, 0)
+    when either is missing)."""
     if batch.rollout_logprobs is None or batch.old_logprobs is None:
-        return {}
+        return 0.0, 0, 0.0
     keep = batch.trained_mask.bool()
     if not keep.any():
-        return {}
+        return 0.0, 0, 0.0
     gap = (batch.rollout_logprobs.to(batch.old_logprobs) - batch.old_logprobs)[keep].abs()
-    return {"rollout/logprob_gap_mean": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
+    return float(gap.sum()), int(gap.numel()), float(gap.max())
+
+
+def _gap_stats(total: float, count: int, largest: float) -> dict[str, float]:
+    return {"rollout/logprob_gap_mean": total / count, "rollout/logprob_gap_max": largest} if count else {}
 
 
 def by_length(batch: TrainBatch, rows: torch.Tensor) -> torch.Tensor:

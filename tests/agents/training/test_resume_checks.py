@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, skip_without
+from tests.conftest import REPO_ROOT, default_sigint_in_child, skip_without
 
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
 import torch  # noqa: E402
@@ -186,7 +186,7 @@ def never_stopped(tmp_path_factory):
 
 
 @pytest.mark.parametrize("where", ["start", "warm start", "in the warm start"])
-def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(tmp_path, capsys, monkeypatch, never_stopped,
+def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(default_sigint, tmp_path, capsys, monkeypatch, never_stopped,
                                                                           where):
     config = small_config("grpo", tmp_path, WARM)
     trainer = build_trainer(config, callbacks=[CtrlCAt(where)] if where != "in the warm start" else [])
@@ -241,7 +241,7 @@ def test_ctrl_c_to_the_command_during_the_warm_start(tmp_path, monkeypatch):
              "--warm_start.steps", "100000", "--warm_start.examples", "4", "--warm_start.batch_size", "2",
              "--run.output_dir", str(folder)]
     process = subprocess.Popen([sys.executable, "-m", "agents.train", *flags], cwd=REPO_ROOT, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint_in_child)
     try:
         deadline = time.monotonic() + 150  # a guard against a hung process, not a verdict
         while not (folder / "checkpoint.pt").exists():

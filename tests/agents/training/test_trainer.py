@@ -169,7 +169,7 @@ def test_warm_start_runs_before_rl_and_becomes_the_reference(tmp_path):
     assert set(result.evaluations) == {"start", "warm start", "final"}
 
 
-def test_ctrl_c_finishes_the_step_and_checkpoints(tmp_path):
+def test_ctrl_c_finishes_the_step_and_checkpoints(default_sigint, tmp_path):
     import signal
 
     from agents.training.checkpoint import load_checkpoint

@@ -140,3 +140,17 @@ def test_periodic_evaluations_sample_only_when_asked(tmp_path, periodic_sampled)
     assert [r["step"] for r in periodic] == [1, 2]
     assert all(("eval/sampled/em" in r) is periodic_sampled for r in periodic)
     assert set(result.evaluations["start"]) == set(result.evaluations["final"]) == {"greedy", "sampled"}
+
+
+@pytest.mark.parametrize("changes", [{"optim.update_epochs": 1, "optim.mini_batch_size": 0}, {}],
+                         ids=["old log-probs from the update's pass", "old log-probs from a pass of their own"])
+def test_every_step_logs_the_engines_log_prob_gap(tmp_path, changes):
+    """The sampler's log-probs of the ids it sampled reach the batch and are compared with the trainer's
+    for the same policy, whichever pass gives the trainer's: the HF sampler's agree (a separate engine's
+    would show a failed weight sync here)."""
+    config = small_config("grpo", tmp_path, {"run.steps": 2, "eval.questions": 0, "algorithm.kl_coef": 0.0, **changes})
+    _, result = run(config)
+    steps = [r for r in records(result.metrics_path) if "time/step" in r]
+    assert len(steps) == 2
+    for step in steps:
+        assert 0.0 <= step["rollout/logprob_gap_mean"] <= step["rollout/logprob_gap_max"] < 1e-4, step
