@@ -187,7 +187,13 @@ class Trainer:
                 if hasattr(bar, "set_postfix"):  # a drawn bar (the silent stand-in has no postfix)
                     bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
         if self.step >= run.steps and self._final_step != self.step:
-            self._evaluate_stage("final")
+            rng = capture_rng()
+            try:
+                self._evaluate_stage("final")
+            except KeyboardInterrupt:  # the run itself is done: keep it, and let a resume evaluate it
+                restore_rng(rng)
+                self.stop_requested = True
+                say("stopped during the final evaluation; --run.resume true runs it again")
         self.save(self.checkpoint_path)
         policy_dir = self.output_dir / POLICY_DIR
         if self.step >= run.steps:

@@ -154,3 +154,22 @@ def test_every_step_logs_the_engines_log_prob_gap(tmp_path, changes):
     assert len(steps) == 2
     for step in steps:
         assert 0.0 <= step["rollout/logprob_gap_mean"] <= step["rollout/logprob_gap_max"] < 1e-4, step
+
+
+class _CtrlCAtFinal(Callback):
+    """Sends the process a Ctrl-C as the final evaluation starts."""
+
+    def on_evaluation_start(self, trainer, stage):
+        if stage == "final":
+            import signal
+
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_ctrl_c_during_the_final_evaluation_keeps_the_run_and_a_resume_evaluates_it(default_sigint, tmp_path, capsys):
+    config = small_config("grpo", tmp_path, {"run.steps": 2})
+    _, stopped = run(config, callbacks=[_CtrlCAtFinal()])
+    assert stopped.step == 2 and "final" not in stopped.evaluations  # no traceback: train() returned
+    assert "stopped during the final evaluation" in capsys.readouterr().err
+    _, resumed = run(config.updated({"run.resume": True}))
+    assert resumed.step == 2 and set(resumed.evaluations["final"]) == {"greedy", "sampled"}
