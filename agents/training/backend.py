@@ -136,7 +136,9 @@ class TrainingBackend(ABC):
                    **adamw: Any) -> Iterator[None]:
         """Within the block, :meth:`step` updates the policy alone with a fresh AdamW at ``learning_rate``
         x ``schedule(optimiser step)`` (constant without one; ``adamw``: its other options), for a
-        warm start; the run's own optimisers are untouched and apply again after it."""
+        warm start; the run's own optimisers are untouched and apply again after it. A checkpoint written
+        within the block (:meth:`save`) holds the block's optimiser and schedule; after loading it, the next
+        block goes on with them (a warm start resumed half-way)."""
 
     @abstractmethod
     def train(self) -> None:
@@ -234,6 +236,7 @@ class TorchBackend(TrainingBackend):
         self.reference: HFPolicy | None = None
         self._supervised: torch.optim.Optimizer | None = None
         self._supervised_schedule: torch.optim.lr_scheduler.LambdaLR | None = None
+        self._supervised_resume: dict[str, Any] | None = None  # a checkpointed warm start's optimiser, for the next block
         self._with_reference = with_reference
         self.reset_reference()
 
@@ -314,6 +317,10 @@ class TorchBackend(TrainingBackend):
                    **adamw: Any) -> Iterator[None]:
         self._supervised = torch.optim.AdamW(self.policy.parameters(), lr=learning_rate, **adamw)
         self._supervised_schedule = torch.optim.lr_scheduler.LambdaLR(self._supervised, schedule or (lambda _: 1.0))
+        if self._supervised_resume is not None:  # a warm start checkpointed half-way goes on with its moments and schedule
+            self._supervised.load_state_dict(self._supervised_resume["optimizer"])
+            self._supervised_schedule.load_state_dict(self._supervised_resume["schedule"])
+            self._supervised_resume = None
         try:
             yield
         finally:
@@ -357,6 +364,10 @@ class TorchBackend(TrainingBackend):
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
+        if self._supervised is not None:  # a checkpoint written during a warm start
+            state["supervised"] = {"optimizer": self._supervised.state_dict(), "schedule": self._supervised_schedule.state_dict()}
+        elif self._supervised_resume is not None:  # loaded from one and not gone on with yet: kept for the next
+            state["supervised"] = self._supervised_resume
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -369,6 +380,7 @@ class TorchBackend(TrainingBackend):
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         if self.reference is not None:
             self.reference.load_state_dict(state["reference"])
+        self._supervised_resume = state.get("supervised")
 
     def save(self, directory: Path) -> None:
         from agents.training.checkpoint import save_checkpoint

@@ -262,6 +262,8 @@ class WarmStartConfig:
         learning_rate: the warm start's peak learning rate (linear warm-up, then a cosine decay to 0).
         second_hop_rate: share of multi-hop demonstrations that take the second hop (the rest answer
             with the bridge entity: a systematic mistake for RL to correct).
+        save_every: write a run checkpoint every this many warm-start steps (0: only before and after
+            the warm start), so that a run stopped during a long warm start goes on from there.
     """
 
     steps: int = 0
@@ -270,9 +272,10 @@ class WarmStartConfig:
     batch_size: int = 32
     learning_rate: float = 1e-3
     second_hop_rate: float = 1.0
+    save_every: int = 500
 
     def __post_init__(self) -> None:
-        _positive("warm_start", self, "steps", "copy_steps", zero_ok=True)
+        _positive("warm_start", self, "steps", "copy_steps", "save_every", zero_ok=True)
         _positive("warm_start", self, "examples", "batch_size")
         _finite("warm_start", self, "learning_rate")
         if not self.learning_rate > 0:

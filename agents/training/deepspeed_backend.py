@@ -210,6 +210,7 @@ class DeepSpeedBackend(TrainingBackend):
         if reference is not None:
             self.reference = self._frozen(reference)
         self._supervised: dict[str, Any] | None = None
+        self._supervised_resume_steps = 0  # a checkpointed warm start's schedule position, for the next block
 
     @classmethod
     def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> DeepSpeedBackend:
@@ -358,7 +359,10 @@ class DeepSpeedBackend(TrainingBackend):
         are the run's own optimiser's (a sharded engine has one optimiser), so they are cleared after
         the block, and the run's rates are put back."""
         saved = [(group["lr"], dict(group)) for group in self.client_optimizer.param_groups]
-        self._supervised = {"lr": learning_rate, "schedule": schedule or (lambda _: 1.0), "steps": 0}
+        # A block after loading a checkpoint written inside one goes on with its schedule (the engine's
+        # checkpoint held the moments).
+        steps, self._supervised_resume_steps = self._supervised_resume_steps, 0
+        self._supervised = {"lr": learning_rate, "schedule": schedule or (lambda _: 1.0), "steps": steps}
         try:
             yield
         finally:
@@ -382,7 +386,8 @@ class DeepSpeedBackend(TrainingBackend):
         """The engine's checkpoint (weights, optimiser shards: one file per rank) and the schedule's
         position; a collective every rank enters. The reference is saved only when a warm start made
         it differ from what the run's start rebuilds (it is then the policy at the warm start's end)."""
-        client = {"scheduler": self.scheduler.state_dict(), "world_size": self._world, "zero_stage": self.stage}
+        client = {"scheduler": self.scheduler.state_dict(), "world_size": self._world, "zero_stage": self.stage,
+                  "supervised_steps": self._supervised_resume_steps if self._supervised is None else self._supervised["steps"]}
         self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, client_state=client, save_latest=False)
         if self.reference is not None and self.config.warm_start.steps + self.config.warm_start.copy_steps > 0:
             if self.stage < 3:
@@ -404,6 +409,7 @@ class DeepSpeedBackend(TrainingBackend):
             raise ValueError(f"checkpoint {folder} was written by {client.get('world_size')} ranks under ZeRO-"
                              f"{client.get('zero_stage')}; this run has {self._world} under ZeRO-{self.stage}")
         self.scheduler.load_state_dict(client["scheduler"])
+        self._supervised_resume_steps = client.get("supervised_steps") or 0
         for group, factor in zip(self.client_optimizer.param_groups, self.scheduler.lr_lambdas):
             group["lr"] = self.scheduler.base_lrs[0] * factor(self.scheduler.last_epoch)
         if self.reference is not None:

@@ -20,7 +20,7 @@ Free settings (:data:`FREE_SETTINGS`) change how a run is watched, paced and sto
 computes: ``run.steps`` (unless a warm-up is a share of it), ``run.stop_after``, ``run.save_every``,
 ``run.log_every``, ``run.progress``, ``run.resume``, ``run.report_to``, ``run.output_dir`` (a moved run),
 ``run.log_entropy``, ``run.allow_changes``, ``run.overwrite``, ``run.print_every``, ``run.sample_every``,
-``run.warn_failed_searches``, ``optim.max_skipped_updates`` (when a diverged run stops), ``eval.every``,
+``run.warn_failed_searches``, ``warm_start.save_every``, ``optim.max_skipped_updates`` (when a diverged run stops), ``eval.every``,
 ``eval.by_hops``, ``eval.periodic_sampled`` and ``rollout.env_worker`` (the worker steps the same
 episodes). Everything else - the seed, data, protocol and reward, model, algorithm and its maths, optimiser, warm start, held-out
 questions, device, backend and thread count (which change floating-point results) - is the run's meaning.
@@ -28,8 +28,9 @@ questions, device, backend and thread count (which change floating-point results
 :func:`start_run` (what :meth:`~agents.training.trainer.Trainer.train` runs first) takes a fresh run
 through its start - the config written and the ``"start"`` evaluation, the warm start, the ``"warm
 start"`` evaluation - and a resumed one through the parts its checkpoint does not hold. With a warm start
-a checkpoint is written before it (to come back to) and after it, so a run stopped later never redoes
-it. A Ctrl-C during the start stops cleanly: the run goes back to its last checkpoint (or, before any,
+a checkpoint is written before it (to come back to), every ``warm_start.save_every`` of its steps (a run
+stopped there goes on from that step, :class:`~agents.training.warm_start.WarmStartProgress`) and after
+it, so a run stopped later never redoes it. A Ctrl-C during the start stops cleanly: the run goes back to its last checkpoint (or, before any,
 to its state when the start began), says in one line where it stopped, and ``train`` ends there with a
 checkpoint that ``run.resume`` continues.
 """
@@ -48,6 +49,7 @@ from agents.training.config import GROUPS, TrainConfig
 
 if TYPE_CHECKING:
     from agents.training.trainer import Trainer
+    from agents.training.warm_start import WarmStartProgress
 
 __all__ = [
     "CONFIG_FILE", "FREE_SETTINGS", "RESUME_LOG", "START_PARTS", "drop_torn_tail", "resume_run", "run_state",
@@ -62,7 +64,7 @@ METRICS_FILE = "metrics.jsonl"  #: the run's log (:class:`agents.training.logger
 FREE_SETTINGS = frozenset({
     "run.steps", "run.stop_after", "run.save_every", "run.log_every", "run.progress", "run.resume",
     "run.report_to", "run.output_dir", "run.log_entropy", "run.allow_changes", "run.overwrite", "run.print_every",
-    "run.sample_every", "run.warn_failed_searches", "optim.max_skipped_updates", "eval.every", "eval.by_hops",
+    "run.sample_every", "run.warn_failed_searches", "warm_start.save_every", "optim.max_skipped_updates", "eval.every", "eval.by_hops",
     "eval.periodic_sampled", "rollout.env_worker",
 })
 #: The parts of a run's start, in order; a checkpoint lists those it holds (all of them past step 0).
@@ -96,6 +98,8 @@ def resume_run(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str, Any]
         drop_torn_tail(Path(trainer.output_dir) / METRICS_FILE)
     done = state.pop("start_done", START_PARTS)
     trainer.start_done = set(START_PARTS if step > 0 else done)
+    trainer.warm_start_progress = _progress(state.pop("warm_start_progress", None))
+    trainer.warm_start_stats = state.pop("warm_start_stats", None)
     state.pop("config_json", None)
     return state
 
@@ -106,8 +110,21 @@ def run_state(trainer: Trainer) -> dict[str, Any]:
     done = getattr(trainer, "start_done", None)
     if done is None:
         done = START_PARTS if trainer.step > 0 else ()
-    return {"config_json": json.dumps(trainer.config.as_dict(), sort_keys=True),
-            "start_done": [part for part in START_PARTS if part in done]}
+    state: dict[str, Any] = {"config_json": json.dumps(trainer.config.as_dict(), sort_keys=True),
+                             "start_done": [part for part in START_PARTS if part in done]}
+    progress = getattr(trainer, "warm_start_progress", None)
+    if progress is not None and "warm start" not in done:
+        state["warm_start_progress"] = progress.as_dict()
+    stats = getattr(trainer, "warm_start_stats", None)
+    if stats is not None and "warm start evaluation" not in done:  # logged with that evaluation
+        state["warm_start_stats"] = dict(stats)
+    return state
+
+
+def _progress(state: dict[str, Any] | None) -> WarmStartProgress | None:
+    from agents.training.warm_start import WarmStartProgress
+
+    return None if state is None else WarmStartProgress.from_dict(state)
 
 
 def settings_changes(saved: Mapping[str, Any], config: TrainConfig) -> dict[str, tuple[Any, Any]]:
@@ -231,15 +248,16 @@ def start_run(trainer: Trainer) -> None:
             trainer._write_config()
             trainer._evaluate_stage("start")
             done.add("start")
-        stats = None
+        stats = getattr(trainer, "warm_start_stats", None)
         if not warm:
             done.update(START_PARTS)
             return
         if "warm start" not in done:
             part = "the warm start"
-            trainer.save(trainer.checkpoint_path)  # what a Ctrl-C or a kill during the warm start goes back to
+            if trainer.warm_start_progress is None:
+                trainer.save(trainer.checkpoint_path)  # what a Ctrl-C or a kill during the warm start goes back to
             saved = True
-            stats = trainer._warm_start()
+            stats = trainer.warm_start_stats = trainer._warm_start()
             done.add("warm start")
             trainer.save(trainer.checkpoint_path)  # a run stopped after this point never redoes the warm start
         part = "the evaluation after the warm start"
@@ -250,12 +268,16 @@ def start_run(trainer: Trainer) -> None:
         if saved:  # back to the last checkpoint: the weights of a cut-short update are not kept
             state = load_run(trainer.checkpoint_path, trainer.backend)
             trainer.start_done = set(state.pop("start_done", ()))
+            trainer.warm_start_progress = _progress(state.pop("warm_start_progress", None))
+            trainer.warm_start_stats = state.pop("warm_start_stats", None)
             state.pop("config_json", None)
             trainer.load_state_dict(state)
         else:  # nothing moved the weights; a draw of the interrupted evaluation is undone
             restore_rng(rng)
         if "warm start" in trainer.start_done:
             then = "goes on from the warm-started policy"
+        elif part == "the warm start" and trainer.warm_start_progress is not None:
+            then = f"goes on from warm-start step {trainer.warm_start_progress.step}"
         elif part == "the warm start":
             then = "starts the warm start again"
         else:

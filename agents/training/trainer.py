@@ -66,6 +66,7 @@ from agents.training.resume import resume_run, run_state, start_run
 from agents.training.run_checks import prepare_output
 from agents.training.samples import SampleLogger
 from agents.training.update import by_length, engine_mismatch, score_batch, to_device, update_batch
+from agents.training.warm_start import WarmStartProgress, warm_start
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
@@ -132,6 +133,8 @@ class Trainer:
         self.checkpoint_path = self.output_dir / CHECKPOINT_FILE
         self.stop_requested = False
         self.resumed = False
+        self.warm_start_progress: WarmStartProgress | None = None  # a stopped warm start's, to go on from
+        self.warm_start_stats: dict[str, float] | None = None  # a finished warm start's, logged with the evaluation after it
         #: Compute the policy's entropy in updates to log it, even when the loss does not use it.
         self.log_entropy = config.run.log_entropy
         self._worker: EnvWorker | None = None
@@ -370,9 +373,12 @@ class Trainer:
     def _warm_start(self) -> dict[str, float]:
         """Clone scripted demonstrations into the policy (:func:`agents.training.warm_start.warm_start`); the reference
         becomes the warm-started policy. Returns the warm start's statistics."""
-        from agents.training.warm_start import warm_start
+        def save(progress: WarmStartProgress) -> None:
+            self.warm_start_progress = progress
+            self.save(self.checkpoint_path)
 
-        result = warm_start(self.backend, self.config, self.env)
+        result = warm_start(self.backend, self.config, self.env, progress=self.warm_start_progress, save=save)
+        self.warm_start_progress = None
         self.backend.reset_reference()
         return result.as_dict()
 

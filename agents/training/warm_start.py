@@ -5,14 +5,19 @@ so RL starts from a policy cloned from :mod:`agents.scripted.demonstrations`. Th
 the demonstration's *trained* tokens only (the agent's calls and answer; the prompt and the search
 results the environment wrote carry none), averaged over those tokens, exactly the tokens and mask the
 learner will later train on.
+
+A long warm start is checkpointed like the training steps: every ``warm_start.save_every`` steps the
+trainer writes a checkpoint holding the weights, the warm start's optimiser and a
+:class:`WarmStartProgress`, so that a run stopped there (Ctrl-C, a kill) goes on from that step with the
+same demonstrations, order and schedule, to the same weights as an uninterrupted warm start.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -21,11 +26,12 @@ from agents.rollout.batch import TrainBatch, build_batch
 from agents.scripted.demonstrations import Demonstrations, make_demonstrations
 from agents.training.backend import TrainingBackend
 from agents.training.config import TrainConfig
+from agents.training.console_log import bar_drawn, format_duration, say
 from agents.training.copy_warmup import copy_warmup
 from search_env import BatchEnv
 from search_env.data.example import QAExample
 
-__all__ = ["SFTResult", "warm_start", "sft_loss", "trained_token_logprobs"]
+__all__ = ["SFTResult", "WarmStartProgress", "warm_start", "sft_loss", "trained_token_logprobs"]
 
 #: Share of the steps over which the learning rate warms up linearly (then it decays on a cosine to 0).
 WARMUP_FRACTION = 0.05
@@ -65,6 +71,38 @@ class SFTResult:
         }
 
 
+@dataclass
+class WarmStartProgress:
+    """Where a warm start stands after ``step`` of its steps: what its checkpoints hold besides the
+    weights and the optimiser, so that it goes on exactly from there.
+
+    Attributes:
+        step: warm-start steps done (the copy warm-up, when there is one, is done too).
+        order: the shuffled demonstration indices not drawn yet.
+        generator: the state of the generator that shuffles them.
+        losses: the loss of every step done.
+        copy_losses: the copy warm-up's losses.
+        trained_tokens: trained tokens of the steps done.
+        seconds: wall time of the steps done.
+    """
+
+    step: int
+    order: list[int]
+    generator: torch.Tensor
+    losses: list[float]
+    copy_losses: list[float]
+    trained_tokens: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data and a tensor, as a checkpoint stores it (:meth:`from_dict` reads it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> WarmStartProgress:
+        return cls(**state)
+
+
 def sft_loss(logprobs: torch.Tensor, trained_mask: torch.Tensor, total_trained: float) -> torch.Tensor:
     """Negative log-likelihood of the trained tokens, summed and divided by ``total_trained``, the trained
     tokens of the whole batch (so micro-batch losses add up to the batch's per-token mean)."""
@@ -76,6 +114,9 @@ def warm_start(
     config: TrainConfig,
     env: Any,
     examples: Sequence[QAExample] | None = None,
+    *,
+    progress: WarmStartProgress | None = None,
+    save: Callable[[WarmStartProgress], None] | None = None,
 ) -> SFTResult:
     """Clone ``warm_start.examples`` demonstrations into ``backend.policy`` with ``warm_start.steps``
     optimiser steps of the backend (:meth:`~agents.training.backend.TrainingBackend.supervised`: a fresh
@@ -91,6 +132,10 @@ def warm_start(
     ``optim.micro_batch_size`` rows, each trimmed to its longest row (the same gradient with less
     padding); the learning rate ``warm_start.learning_rate`` warms up over the first steps and decays on a
     cosine. Shows a progress bar as ``run.progress`` says.
+
+    ``save``, when given, is called every ``warm_start.save_every`` steps (not after the last one) with
+    the warm start's :class:`WarmStartProgress`, to write a checkpoint; ``progress`` (one such, restored
+    with the backend's state of that moment) goes on from there: the copy warm-up is not run again.
     """
     options = config.warm_start
     if options.steps < 1:
@@ -102,8 +147,8 @@ def warm_start(
         second_hop_rate=options.second_hop_rate, seed=seed,
     )
     trajectories = demos.trajectories
-    copy_losses: list[float] = []
-    if options.copy_steps > 0:
+    copy_losses: list[float] = [] if progress is None else list(progress.copy_losses)
+    if options.copy_steps > 0 and progress is None:
         left_out = {*policy.codec.eos_ids, policy.codec.pad_id}
         pool = {i for t in trajectories for i in t.token_ids} - left_out
         copy_losses = copy_warmup(backend, pool, options.copy_steps, lr=options.learning_rate, seed=seed)
@@ -112,7 +157,11 @@ def warm_start(
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []
     losses: list[float] = []
-    trained_tokens = 0
+    trained_tokens, done, seconds_before = 0, 0, 0.0
+    if progress is not None:
+        generator.set_state(progress.generator)
+        order, losses, trained_tokens = list(progress.order), list(progress.losses), progress.trained_tokens
+        done, seconds_before = progress.step, progress.seconds
     was_training = policy.training
     policy.eval()
     score = _scorer(policy, build_batch(trajectories[:2], ["a", "b"], policy.codec.pad_id), device)
@@ -121,7 +170,7 @@ def warm_start(
     adamw = {"betas": tuple(config.optim.adam_betas), "weight_decay": config.optim.weight_decay}
     try:
         with backend.supervised(options.learning_rate, lambda s: _lr_factor(s, warmup, options.steps), **adamw):
-            for _ in _steps(config):
+            for step in _steps(config, done, backend.rank):
                 while len(order) < options.batch_size:
                     order += torch.randperm(len(trajectories), generator=generator).tolist()
                 rows, order = order[: options.batch_size], order[options.batch_size :]
@@ -141,9 +190,13 @@ def warm_start(
                 backend.step()
                 losses.append(loss_value)
                 trained_tokens += int(total)
+                finished = step + 1
+                if save is not None and options.save_every > 0 and finished % options.save_every == 0 and finished < options.steps:
+                    save(WarmStartProgress(finished, list(order), generator.get_state(), list(losses), list(copy_losses),
+                                           trained_tokens, seconds_before + time.perf_counter() - started))
     finally:
         policy.train(was_training)
-    seconds = time.perf_counter() - started
+    seconds = seconds_before + time.perf_counter() - started
     return SFTResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9), copy_losses)
 
 
@@ -194,8 +247,30 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min((step - warmup) / max(total - warmup, 1), 1.0)))
 
 
-def _steps(config: TrainConfig):
-    from tqdm.auto import tqdm
+#: Off a terminal, a plain progress line every this share of the warm start's steps.
+PLAIN_LINE_SHARE = 0.1
 
-    show = sys.stderr.isatty() if config.run.progress is None else config.run.progress
-    return tqdm(range(config.warm_start.steps), desc="warm start", unit="step", disable=not show, dynamic_ncols=True)
+
+def _steps(config: TrainConfig, done: int, rank: int) -> Iterator[int]:
+    """The steps left, ``done`` to ``warm_start.steps``: under a bar at a terminal (``run.progress``), or,
+    off one, with a plain line on stderr every tenth of the steps (loss, elapsed, time left), so that a
+    log shows a long warm start moving. Other ranks than 0 show nothing."""
+    total = config.warm_start.steps
+    if rank != 0:
+        yield from range(done, total)
+        return
+    if bar_drawn(config.run.progress):
+        from tqdm.auto import tqdm
+
+        yield from tqdm(range(done, total), desc="warm start", unit="step", initial=done, total=total, dynamic_ncols=True)
+        return
+    every = max(1, round(PLAIN_LINE_SHARE * total))
+    started = time.perf_counter()
+    for step in range(done, total):
+        yield step
+        finished = step + 1
+        if finished % every == 0 or finished == total:
+            elapsed = time.perf_counter() - started
+            left = elapsed / (finished - done) * (total - finished)
+            say(f"warm start: step {finished}/{total} ({finished / total:.0%}), {format_duration(elapsed)} elapsed, "
+                f"~{format_duration(left)} left")

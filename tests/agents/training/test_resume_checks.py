@@ -158,8 +158,8 @@ def test_a_damaged_line_before_the_last_is_refused(stopped_run, tmp_path):
 
 
 # -- Ctrl-C during the start --------------------------------------------------------------------
-WARM = {"run.steps": 1, "eval.questions": 2, "warm_start.steps": 3, "warm_start.examples": 4,
-        "warm_start.batch_size": 2, "warm_start.learning_rate": 1e-2}
+WARM = {"run.steps": 1, "eval.questions": 2, "warm_start.steps": 5, "warm_start.examples": 4,
+        "warm_start.batch_size": 2, "warm_start.learning_rate": 1e-2, "warm_start.save_every": 2}
 
 
 class CtrlCAt(Callback):
@@ -185,17 +185,21 @@ def never_stopped(tmp_path_factory):
     return weights(trainer), result
 
 
-@pytest.mark.parametrize("where", ["start", "warm start", "in the warm start"])
+@pytest.mark.parametrize("where", ["start", "warm start", "in the warm start", "late in the warm start"])
 def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(default_sigint, tmp_path, capsys, monkeypatch, never_stopped,
                                                                           where):
+    """A Ctrl-C before, during and after the warm start (of 5 steps, checkpointed every 2): the resumed
+    run's weights, evaluations and warm-start statistics are the uninterrupted run's. Stopped in its
+    second step, the warm start starts again; stopped in its fourth, it goes on from its step-2 checkpoint."""
     config = small_config("grpo", tmp_path, WARM)
-    trainer = build_trainer(config, callbacks=[CtrlCAt(where)] if where != "in the warm start" else [])
-    if where == "in the warm start":  # a Ctrl-C in the middle of the warm start's second optimiser step
+    trainer = build_trainer(config, callbacks=[CtrlCAt(where)] if where in ("start", "warm start") else [])
+    if where.endswith("in the warm start"):  # a Ctrl-C in the middle of the warm start's 2nd (4th) optimiser step
         step, calls = trainer.backend.step, []
+        at = 2 if where == "in the warm start" else 4
 
         def interrupted_step():
             calls.append(1)
-            if len(calls) == 2:
+            if len(calls) == at:
                 signal.raise_signal(signal.SIGINT)
             return step()
 
@@ -209,18 +213,27 @@ def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(defau
         trainer.close_environments()
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("stopp", "Traceback"))]
     part = {"start": "the start evaluation", "warm start": "the evaluation after the warm start",
-            "in the warm start": "the warm start"}[where]
-    assert len(err) == 1 and err[0].startswith(f"stopped during {part}; --run.resume true")
+            "in the warm start": "the warm start", "late in the warm start": "the warm start"}[where]
+    then = {"in the warm start": "starts the warm start again", "late in the warm start": "goes on from warm-start step 2"}
+    assert len(err) == 1 and err[0].startswith(f"stopped during {part}; --run.resume true {then.get(where, '')}")
     assert stopped.step == 0 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    done = load_checkpoint(stopped.checkpoint_path)["start_done"]
-    assert done == {"start": [], "in the warm start": ["start"], "warm start": ["start", "warm start"]}[where]
+    saved = load_checkpoint(stopped.checkpoint_path)
+    assert saved["start_done"] == {"start": [], "warm start": ["start", "warm start"]}.get(where, ["start"])
+    assert ("warm_start_progress" in saved) == (where == "late in the warm start")
 
     warm_starts = []
     real = Trainer._warm_start
-    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(1) or real(self))
+
+    def counted(self):
+        warm_starts.append(0 if self.warm_start_progress is None else self.warm_start_progress.step)
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "_warm_start", counted)
     trainer, result = run(config.updated({"run.resume": True}))
-    assert len(warm_starts) == (0 if where == "warm start" else 1)  # a finished warm start is never redone
-    stages = [r.get("stage") for r in records(result.metrics_path)]
+    # a finished warm start is never redone; a checkpointed one goes on from its step
+    assert warm_starts == {"start": [0], "warm start": [], "in the warm start": [0], "late in the warm start": [2]}[where]
+    logged = records(result.metrics_path)
+    stages = [r.get("stage") for r in logged]
     assert stages.count("start") == 1 and stages.count("warm start") == 1 and result.step == 1
     expected, _ = never_stopped
     got = weights(trainer)
@@ -228,43 +241,61 @@ def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(defau
     for key, value in expected.items():
         assert torch.equal(value, got[key]), key
     assert result.evaluations == never_stopped[1].evaluations
+    sft = {k: v for r in logged if r.get("stage") == "warm start" for k, v in r.items() if k.startswith("sft/") and "second" not in k and "per_s" not in k}
+    expected_sft = {k: v for r in records(never_stopped[1].metrics_path) if r.get("stage") == "warm start"
+                    for k, v in r.items() if k.startswith("sft/") and "second" not in k and "per_s" not in k}
+    assert sft == expected_sft and sft["sft/steps"] == 5
 
 
-def test_ctrl_c_to_the_command_during_the_warm_start(tmp_path, monkeypatch):
-    """A real process, a real SIGINT once the warm start has begun (its checkpoint from before it is
-    there): exit status 0, one line saying where it stopped, no traceback; the resume keeps the start
-    evaluation and starts the warm start again."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_stopped_command_goes_on_from_its_last_warm_start_checkpoint(tmp_path, monkeypatch, signum):
+    """A real process, a real Ctrl-C (or kill -9) once a checkpoint within its warm start is written
+    (every 50 steps): a Ctrl-C exits with status 0 and one line saying from which warm-start step the
+    resume goes on, no traceback; either way the checkpoint holds that step and the resume keeps the start
+    evaluation and goes on from there."""
     folder = tmp_path / "run"
     flags = ["--run.steps", "1", "--rollout.questions_per_step", "2", "--algorithm.group_size", "2",
              "--env.max_new_tokens", "16", "--data.world_size", "30", "--eval.questions", "2", "--run.report_to", "[]",
              "--run.progress", "false", "--model.tiny_layers", "1", "--model.tiny_hidden", "32", "--model.tiny_heads", "2",
              "--warm_start.steps", "100000", "--warm_start.examples", "4", "--warm_start.batch_size", "2",
-             "--run.output_dir", str(folder)]
+             "--warm_start.save_every", "50", "--run.output_dir", str(folder)]
     process = subprocess.Popen([sys.executable, "-m", "agents.train", *flags], cwd=REPO_ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint_in_child)
+
+    def warm_start_checkpointed() -> bool:
+        try:
+            return "warm_start_progress" in load_checkpoint(folder / "checkpoint.pt")
+        except (FileNotFoundError, ValueError):  # not written yet
+            return False
+
     try:
         deadline = time.monotonic() + 150  # a guard against a hung process, not a verdict
-        while not (folder / "checkpoint.pt").exists():
+        while not warm_start_checkpointed():
             assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the warm start never began"
+            assert time.monotonic() < deadline, "no checkpoint within the warm start"
             time.sleep(0.1)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         out, err = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode in (0, 130), err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith(("stopp", "Traceback"))]
-    assert lines == ["stopped during the warm start; --run.resume true starts the warm start again"], err
-    assert "grpo: 0 of 1 steps" in out
     state = load_checkpoint(folder / "checkpoint.pt")
     assert state["step"] == 0 and state["start_done"] == ["start"]
+    at = state["warm_start_progress"]["step"]
+    assert at >= 50 and at % 50 == 0 and len(state["warm_start_progress"]["losses"]) == at
+    if signum == signal.SIGINT:
+        assert process.returncode in (0, 130), err
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith(("stopp", "Traceback"))]
+        assert lines == [f"stopped during the warm start; --run.resume true goes on from warm-start step {at}"], err
+        assert "grpo: 0 of 1 steps" in out
+    else:
+        assert process.returncode == -signal.SIGKILL
 
     from agents.train import parse_config
 
     warm_starts = []
-    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(1) or {"sft/steps": 0.0})
+    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(self.warm_start_progress.step) or {"sft/steps": 0.0})
     _, result = run(parse_config([*flags, "--run.resume", "true"]))
-    assert warm_starts == [1] and result.step == 1
+    assert warm_starts == [at] and result.step == 1
     assert [r.get("stage") for r in records(result.metrics_path)].count("start") == 1  # not evaluated again
