@@ -1,4 +1,5 @@
 """The supervised warm start: masked cross-entropy on the demonstrations' trained tokens."""
+import copy
 import math
 
 import pytest
@@ -116,3 +117,47 @@ def test_trained_token_logprobs_equal_the_policys_at_trained_positions(env, arch
     on = batch.trained_mask.bool()
     assert torch.allclose(fast[on], full[on], atol=1e-5)
     assert torch.all(fast[~on] == 0)
+
+
+def test_off_a_terminal_a_line_every_tenth_of_the_steps(env, capsys):
+    """No bar without a terminal: a plain line on stderr every tenth of the steps, counting to the last."""
+    config = _config(**{"warm_start.steps": 20, "warm_start.examples": 8, "warm_start.batch_size": 4})
+    _warm_start(_policy(env), config, env)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warm start:")]
+    assert [line.split()[3] for line in lines] == [f"{n}/20" for n in range(2, 21, 2)], lines
+    assert lines[-1].startswith("warm start: step 20/20 (100%), ") and lines[-1].endswith("~0s left")
+
+
+def test_a_checkpointed_warm_start_goes_on_to_the_same_weights(env):
+    """Stopped in its 4th of 5 steps (after a 3-step copy warm-up), the warm start goes on from the state
+    saved at step 2 - progress and backend, into a backend of other initial weights - to the weights
+    and losses of an uninterrupted one, without a second copy warm-up."""
+    config = _config(**{"warm_start.steps": 5, "warm_start.examples": 8, "warm_start.batch_size": 4,
+                        "warm_start.save_every": 2, "warm_start.copy_steps": 3})
+    whole = TorchBackend(_policy(env), config)
+    expected = warm_start(whole, config, env)
+
+    stopped = TorchBackend(_policy(env), config)
+    step, calls, saved = stopped.step, [], []
+
+    def interrupted_step():
+        calls.append(1)
+        if len(calls) == 3 + 4:  # the copy warm-up's 3 steps, then the warm start's 4th
+            raise KeyboardInterrupt
+        return step()
+
+    stopped.step = interrupted_step
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(stopped, config, env, save=lambda progress: saved.append((progress, copy.deepcopy(stopped.state_dict()))))
+    assert [progress.step for progress, _ in saved] == [2]  # none after the last step
+    progress, state = saved[0]
+    resumed = TorchBackend(_policy(env, seed=1), config)
+    resumed.load_state_dict(state)
+    copy_steps = []
+    resumed_step = resumed.step
+    resumed.step = lambda: copy_steps.append(1) or resumed_step()
+    result = warm_start(resumed, config, env, progress=progress)
+    assert len(copy_steps) == 3  # the warm start's steps 3 to 5 only
+    assert result.losses == expected.losses and result.copy_losses == expected.copy_losses
+    for (name, got), want in zip(resumed.policy.state_dict().items(), whole.policy.state_dict().values()):
+        assert torch.equal(got, want), name
