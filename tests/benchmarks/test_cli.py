@@ -267,18 +267,22 @@ def test_learning_runs_the_recipe_through_the_trainer_and_records_its_curve(tmp_
     from benchmarks.learning import main
 
     out_dir = tmp_path / "learning"
-    assert main(["--seeds", "0", "--output-dir", str(out_dir), "--set", "run.steps=2", "eval.every=1", "eval.questions=2",
+    assert main(["--pairs", "0:5:6", "--output-dir", str(out_dir), "--set", "run.steps=2", "eval.every=1", "eval.questions=2",
                  "warm_start.steps=2", "warm_start.examples=16", "warm_start.copy_steps=1", "data.world_size=50",
                  "data.world_scale=1", "rollout.questions_per_step=2", "algorithm.group_size=2", "rollout.env_worker=false"]) == 0
     out = capsys.readouterr().out
-    table = {(row[0], row[1]): row for row in _rows(out, "0 ")}
+    table = {(row[0], row[2]): row for row in _rows(out, "0 ")}
     assert set(table) == {("0", "start"), ("0", "warm"), ("0", "final")}
-    assert table[("0", "final")][8] == "2"  # RL steps, after four EM cells, minutes and CPU minutes
-    assert "seed 0: 2-hop greedy EM >= 0.9 at" in out
-    assert (out_dir / "curve.png").stat().st_size > 0 and (out_dir / "seed0" / "metrics.jsonl").exists()
+    final = table[("0", "final")]
+    assert final[1] == "5/6" and final[9] == "2"  # the worlds; RL steps, after four EM cells, minutes and CPU minutes
+    assert final[-1] == "missed"  # two RL evaluations cannot make the last three
+    assert "seed 0 worlds 5/6: 2-hop greedy EM >= 0.9 first at" in out and "target met by 0 of 1 runs" in out
+    assert (out_dir / "curve.png").stat().st_size > 0
     results = json.loads((out_dir / "results.json").read_text())
     (run,) = results["runs"]
     assert results["config"]["run"]["steps"] == 2 and run["rl_steps"] == 2 and run["rl_tokens_per_s"] > 0
+    assert (run["seed"], run["world_seed"], run["eval_world_seed"], run["target_met"]) == (0, 5, 6, False)
+    assert (out_dir / "seed0-world5" / "metrics.jsonl").exists()
     assert set(run["evaluations"]) == {"start", "warm start", "final"}
     assert set(run["evaluations"]["final"]) == {"greedy 1-hop", "greedy 2-hop", "sampled 1-hop", "sampled 2-hop"}
     # one point per evaluation: before training, after the warm start, after each step (the last is "final")
@@ -286,6 +290,26 @@ def test_learning_runs_the_recipe_through_the_trainer_and_records_its_curve(tmp_
     minutes = [p["minutes"] for p in run["curve"]]
     assert minutes == sorted(minutes) and run["train_minutes"] == minutes[-1] > run["warm_start_minutes"] > 0
     assert all(0 <= p[key] <= 1 for p in run["curve"] for key in ("greedy_1hop", "greedy_2hop"))
+
+
+def test_learning_target_needs_the_last_three_evaluations_and_the_first_hop() -> None:
+    skip_without(*NEEDS["benchmarks.learning"])
+    from benchmarks.learning import Pair, SeedRun, target_met
+
+    def run_with(two_hop: list[float], final_one_hop: float) -> SeedRun:
+        curve = [{"stage": "start", "greedy_2hop": 0.0}, {"stage": "warm start", "greedy_2hop": 0.0}]
+        curve += [{"stage": None, "greedy_2hop": em} for em in two_hop[:-1]] + [{"stage": "final", "greedy_2hop": two_hop[-1]}]
+        final = {"greedy 1-hop": {"em": final_one_hop}, "greedy 2-hop": {"em": two_hop[-1]}}
+        return SeedRun(seed=0, evaluations={"final": final}, curve=curve)
+
+    assert target_met(run_with([0.5, 0.9, 0.91, 0.95], 0.95))
+    assert not target_met(run_with([0.5, 0.89, 0.91, 0.95], 0.95))  # one of the last three below 0.9
+    assert not target_met(run_with([0.9, 0.91, 0.95, 0.89], 1.0))  # the final one below
+    assert not target_met(run_with([0.9, 0.91, 0.95], 0.94))  # 1-hop lost
+    assert not target_met(run_with([0.95, 0.95], 1.0))  # fewer than three evaluations after the warm start
+    assert Pair.parse("3:30:31") == Pair(3, 30, 31) and str(Pair(3, 30, 31)) == "3:30:31"
+    with pytest.raises(ValueError, match="SEED:WORLD_SEED:EVAL_WORLD_SEED"):
+        Pair.parse("3:30")
 
 
 def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only(
