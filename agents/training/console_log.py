@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from agents.training.callbacks import Callback
 from search_env.console import progress_enabled
+from search_env.progress_lines import format_duration
 
 if TYPE_CHECKING:
     from agents.training.evaluation import EvalResult
@@ -65,16 +66,6 @@ def quiet_transformers(show: bool | None) -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def format_duration(seconds: float) -> str:
-    """``1h02m``, ``3m05s`` or ``42s``."""
-    seconds = max(int(round(seconds)), 0)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class ConsoleProgress(Callback):

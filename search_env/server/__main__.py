@@ -7,6 +7,10 @@ Examples::
     python -m search_env.server --synthetic --synthetic-source news --port 8001
 
 Binds 127.0.0.1 unless ``--host`` says otherwise: the API has no authentication.
+
+The server listens at once and builds (or loads) its index on a background thread: until the index is
+ready ``GET /health`` answers HTTP 503 ``{"status": "building", ...}`` and ``POST /retrieve`` answers 503
+(see :mod:`search_env.server.readiness`). If the build fails, the server stops with status 1.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from search_env.console import HelpFormatter
 from search_env.server.app import ServerLimits
 from search_env.server.build import RETRIEVERS, build_source, synthetic_passages
+from search_env.server.readiness import SourceBuild, SourceBuildFailed
 from search_env.server.runner import LOOPBACK, serve
+from search_env.sources.base import Source
 from search_env.sources.encoders import available_cores
 
 
@@ -75,36 +81,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     handler = logging.StreamHandler()
     handler.setLevel(args.log_level.upper())  # on the handler too: some libraries set DEBUG on their own loggers
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s", handlers=[handler])
     if args.synthetic:
-        passages = synthetic_passages(seed=args.seed, difficulty=args.difficulty, source=args.synthetic_source)
+        name = args.name or args.synthetic_source or "synthetic"
         identity = {"synthetic": {"seed": args.seed, "difficulty": args.difficulty, "source": args.synthetic_source}}
-        source = build_source(
-            args.retriever, passages=passages, identity=identity, index_dir=args.index_dir,
-            name=args.name or args.synthetic_source or "synthetic", encoder=args.encoder, rebuild=args.rebuild, threads=args.threads,
-            compile_encoder=args.compile, backend=args.backend,
-        )
+
+        def build() -> Source:
+            passages = synthetic_passages(seed=args.seed, difficulty=args.difficulty, source=args.synthetic_source)
+            return build_source(
+                args.retriever, passages=passages, identity=identity, index_dir=args.index_dir, name=name,
+                encoder=args.encoder, rebuild=args.rebuild, threads=args.threads, compile_encoder=args.compile,
+                backend=args.backend,
+            )
     else:
-        source = build_source(
-            args.retriever, corpus=args.corpus, index_dir=args.index_dir, name=args.name or "wiki",
-            encoder=args.encoder, rebuild=args.rebuild, threads=args.threads, compile_encoder=args.compile,
-            backend=args.backend,
-        )
+        name = args.name or "wiki"
+
+        def build() -> Source:
+            return build_source(
+                args.retriever, corpus=args.corpus, index_dir=args.index_dir, name=name, encoder=args.encoder,
+                rebuild=args.rebuild, threads=args.threads, compile_encoder=args.compile, backend=args.backend,
+            )
     if args.host not in (LOOPBACK, "localhost", "::1"):
         logging.warning("binding %s: anyone who can reach this address can query the server", args.host)
     limits = ServerLimits(args.max_body_bytes, args.max_queries, args.max_query_chars, args.max_topk)
+    source = SourceBuild(build, name=name)
     try:
         serve(
             source, host=args.host, port=args.port, log_level=args.log_level, default_topk=args.topk,
             limits=limits, max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1000,
             concurrency=args.concurrency or available_cores(),
         )
+    except SourceBuildFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         source.close()
+    return 0
 
 
 if __name__ == "__main__":

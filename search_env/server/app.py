@@ -1,5 +1,6 @@
 """The HTTP API: ``POST /retrieve`` exactly as Search-R1 / FlashRAG retrieval servers answer it, plus
-``GET /health``, over any Source.
+``GET /health``, over any Source, or over a :class:`~search_env.server.readiness.SourceBuild` whose index
+is still being built (both answer HTTP 503 until it is ready).
 
 Compatibility is the point: a Search-R1-style client (``requests.post(url, json=payload).json()["result"]``)
 must work against this server unchanged, so the request fields, the default top-k rule (missing, null
@@ -30,10 +31,15 @@ with requires_extra("server", "the retrieval server"):
     from starlette.routing import Route
 
 from search_env.server.batching import MicroBatcher
+from search_env.server.readiness import SourceBuild
 from search_env.sources.base import Passage, Source
 from search_env.sources.remote import passage_to_document
 
-__all__ = ["RetrieveRequest", "ServerLimits", "create_app"]
+__all__ = ["RETRY_AFTER_S", "RetrieveRequest", "ServerLimits", "create_app"]
+
+RETRY_AFTER_S = 10
+"""The ``Retry-After`` of a ``/retrieve`` refused while the source is being built: an index takes
+minutes, so polling faster only adds load."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,9 @@ def create_app(
     """Build the retrieval app serving ``source``.
 
     Args:
-        source: answers every request, from up to ``concurrency`` worker threads at once.
+        source: answers every request, from up to ``concurrency`` worker threads at once. A
+            :class:`~search_env.server.readiness.SourceBuild` is started with the app (if it was not
+            already), and until it is ready ``/health`` and ``/retrieve`` answer 503 saying so.
         default_topk: passages per query when a request gives no (or a 0) ``topk``; Search-R1's default is 3.
         limits: request bounds; see :class:`ServerLimits`.
         max_batch, max_wait_s, concurrency: cross-request batching and how many source calls may
@@ -90,9 +98,12 @@ def create_app(
     if not 1 <= default_topk <= limits.max_topk:
         raise ValueError(f"default_topk must be between 1 and max_topk={limits.max_topk}, got {default_topk}")
     batcher = MicroBatcher(source, max_batch=max_batch, max_wait_s=max_wait_s, concurrency=concurrency)
+    build = source if isinstance(source, SourceBuild) else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if build is not None:
+            build.start()
         await batcher.start()
         try:
             yield
@@ -100,12 +111,20 @@ def create_app(
             await batcher.stop()
 
     async def health(_: Request) -> Response:
-        """Liveness plus batching counters (how many source calls served how many queries)."""
+        """Readiness plus batching counters (how many source calls served how many queries); 503
+        with the build's state while the source is being built or failed to build."""
+        if build is not None and build.state != "ready":
+            state = {"status": build.state, "source": build.name, "seconds": round(build.seconds, 1)}
+            if build.error is not None:
+                state["error"] = build.error
+            return JSONResponse(state, status_code=503)
         return JSONResponse({"status": "ok", "source": source.name, "source_calls": batcher.calls,
                              "inline_calls": batcher.inline_calls, "queries": batcher.queries})
 
     async def retrieve(request: Request) -> Response:
         """Answer ``{"queries", "topk", "return_scores"}`` with ``{"result": [...]}``, one list per query."""
+        if build is not None and build.state != "ready":
+            return JSONResponse({"detail": build.describe()}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         with batcher.expect():  # a batch being gathered now may wait for this request
             body = await _read_body(request, limits.max_body_bytes)
             parsed = _parse_request(body)

@@ -17,6 +17,7 @@ with requires_extra("server", "the retrieval server"):
     import uvicorn
 
 from search_env.server.app import create_app
+from search_env.server.readiness import SourceBuild, SourceBuildFailed
 from search_env.sources.base import Source
 
 __all__ = ["RetrievalServer", "serve"]
@@ -30,8 +31,23 @@ def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.C
 
 
 def serve(source: Source, *, host: str = LOOPBACK, port: int = 8000, log_level: str = "info", **app_options: Any) -> None:
-    """Serve ``source`` until interrupted (Ctrl-C / SIGTERM). ``app_options`` go to :func:`create_app`."""
-    uvicorn.Server(_uvicorn_config(create_app(source, **app_options), host, port, log_level)).run()
+    """Serve ``source`` until interrupted (Ctrl-C / SIGTERM). ``app_options`` go to :func:`create_app`.
+
+    A :class:`SourceBuild` is built while the server already answers (503 until it is ready); if the
+    build fails, the server stops and this raises :class:`SourceBuildFailed` saying why, so that a
+    supervisor sees the process end rather than a server that will never be ready.
+    """
+    server = uvicorn.Server(_uvicorn_config(create_app(source, **app_options), host, port, log_level))
+    if isinstance(source, SourceBuild):
+
+        def stop_if_failed() -> None:
+            if source.state == "failed":
+                server.should_exit = True
+
+        source.start(on_done=stop_if_failed)
+    server.run()
+    if isinstance(source, SourceBuild) and source.state == "failed":
+        raise SourceBuildFailed(source.describe())
 
 
 class RetrievalServer:
@@ -41,6 +57,8 @@ class RetrievalServer:
 
         with RetrievalServer(source) as server:      # binds 127.0.0.1 on a free port
             remote = RemoteSource(server.retrieve_url, name="wiki")
+
+    ``source`` may be a :class:`SourceBuild`: the server then answers (503) while it is built.
     """
 
     def __init__(self, source: Source, *, host: str = LOOPBACK, port: int = 0, log_level: str = "warning", **app_options: Any) -> None:

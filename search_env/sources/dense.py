@@ -25,9 +25,10 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from search_env.console import progress, progress_enabled
+from search_env.console import progress_enabled
 from search_env.data.corpus import load_corpus, passage_from_row
 from search_env._optional import requires_extra
+from search_env.progress_lines import progress_meter
 
 from .base import Passage, Source
 from .encoders import TextEncoder
@@ -139,7 +140,8 @@ def faiss_gpu_available() -> bool:
 
 
 def build_index(embeddings: np.ndarray, config: IndexConfig, *, show_progress: bool = False) -> Any:
-    """A CPU faiss index over unit-norm ``embeddings`` (float32, shape (n, dim)), inner-product metric."""
+    """A CPU faiss index over unit-norm ``embeddings`` (float32, shape (n, dim)), inner-product metric.
+    ``show_progress``: a progress bar; without one, plain progress lines for a long build."""
     faiss = _faiss()
 
     n, dim = embeddings.shape
@@ -156,11 +158,11 @@ def build_index(embeddings: np.ndarray, config: IndexConfig, *, show_progress: b
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(np.ascontiguousarray(embeddings, dtype=np.float32))
         index.nprobe = min(config.ivf_nprobe, nlist)
-    with progress(total=n, desc=f"indexing ({config.kind})", unit="vec", show=show_progress) as bar:
+    with progress_meter(total=n, desc=f"indexing ({config.kind})", show=show_progress, unit="vec") as meter:
         for start in range(0, n, _ADD_CHUNK):
             chunk = np.ascontiguousarray(embeddings[start : start + _ADD_CHUNK], dtype=np.float32)
             index.add(chunk)
-            bar.update(len(chunk))
+            meter.update(len(chunk))
     return index
 
 
@@ -194,6 +196,9 @@ class DenseSource(Source):
         use_gpu: search on GPU with faiss-gpu; None means when available.
         show_progress: progress bars while encoding and indexing; None: only when stderr is a
             terminal or ``$SEARCHQA_PROGRESS`` asks for them (see :mod:`search_env.console`).
+            Without bars, a build that takes long prints a plain progress line on stderr every
+            :data:`~search_env.progress_lines.LINE_INTERVAL_S` seconds (done, share, elapsed, time
+            left), so a log shows it moving (:mod:`search_env.progress_lines`).
         name: the source's name in multi-source environments.
     """
 

@@ -23,12 +23,12 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import numpy as np
 
-from search_env.console import progress
 from search_env._optional import requires_extra
+from search_env.progress_lines import progress_meter
 
 from .openvino_runtime import OpenVINOModel, openvino_available
 
@@ -167,7 +167,9 @@ class TextEncoder(abc.ABC):
 
     @abc.abstractmethod
     def encode_passages(self, passages: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
-        """Encode passage texts (passage prefix applied), in input order."""
+        """Encode passage texts (passage prefix applied), in input order. ``show_progress``: draw a
+        progress bar; without one, a long encode should print plain progress lines instead
+        (:func:`search_env.progress_lines.progress_meter` does both)."""
 
 
 class TransformersEncoder(TextEncoder):
@@ -310,18 +312,24 @@ class TransformersEncoder(TextEncoder):
         return min(usable) if usable else 512
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
-        return self._encode([self.query_prefix + q for q in queries], show_progress=False)
+        return self._encode([self.query_prefix + q for q in queries])
 
     def encode_passages(self, passages: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
-        return self._encode([self.passage_prefix + p for p in passages], show_progress=show_progress)
+        """Passage embeddings, with a progress bar (``show_progress``) or, without one, a plain
+        progress line every :data:`~search_env.progress_lines.LINE_INTERVAL_S` seconds."""
+        with progress_meter(total=len(passages), desc="encoding passages", show=show_progress, unit="passage") as meter:
+            return self._encode([self.passage_prefix + p for p in passages], on_batch=meter.update)
 
-    def _encode(self, texts: list[str], *, show_progress: bool) -> np.ndarray:
+    def _encode(self, texts: list[str], *, on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        """Embeddings of ``texts``; ``on_batch(n)`` is told of each batch of ``n`` texts encoded."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
         ids = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
         if len(ids) == 1:  # a lone query: straight to the model on the calling thread
             out[:] = self._forward(ids)
+            if on_batch is not None:
+                on_batch(1)
             return out
         # Longest first: batches of similar length need little padding, and an out-of-memory
         # error (if any) shows on the first batch instead of after most of the work. A batch
@@ -339,9 +347,9 @@ class TransformersEncoder(TextEncoder):
             return len(batch)
 
         run = map if self.workers == 1 or len(batches) == 1 else self._executor().map
-        with progress(total=len(texts), desc="encoding", unit="text", show=show_progress) as bar:
-            for done in run(encode_batch, batches):
-                bar.update(done)
+        for done in run(encode_batch, batches):
+            if on_batch is not None:
+                on_batch(done)
         return out
 
     def _executor(self) -> ThreadPoolExecutor:

@@ -21,12 +21,18 @@ byte a second (or a proxy that keeps a connection alive) would hold a training s
 it likes. ``timeout_s`` is the most a ``search`` call waits, queueing, connecting, retries and
 backoff included; when it runs out the call raises :class:`SourceError` (an error observation in the
 environment) and the request still in flight is cut by shutting its socket.
+
+Why replicas: one retrieval server is one point of failure for a training run that lasts days. Given
+several URLs serving the same index, :class:`RemoteSource` spreads its requests over them and, when one
+dies or hangs, sends its requests to the others within the same deadline, and tries the dead one
+again after a cool-down; the log says when a replica went down and when it came back.
 """
 from __future__ import annotations
 
 import collections
 import http.client
 import json
+import logging
 import socket
 import threading
 import time
@@ -38,18 +44,22 @@ from urllib.parse import urlsplit, urlunsplit
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.exceptions import TimeoutError as ConnectionTimeout
 
 from search_env._fork import forget_threads_after_fork
 from search_env.data.corpus import split_wiki18_contents
 from search_env.sources.base import Passage, Source, SourceError
 
 __all__ = [
+    "DEFAULT_COOLDOWN_S",
     "DEFAULT_TIMEOUT_S",
     "RemoteSource",
+    "ReplicaStatus",
     "document_to_passage",
     "format_contents",
     "parse_retrieve_response",
     "passage_to_document",
+    "replica_urls",
 ]
 
 
@@ -133,13 +143,84 @@ def _retrieve_url(url: str) -> str:
     return urlunsplit(parts)
 
 
+def replica_urls(url: str | Sequence[str]) -> list[str]:
+    """The ``/retrieve`` URLs of one or several replicas: a URL, a comma-separated string of URLs (what
+    a command-line flag or a config value holds) or a list of URLs. ValueError when there is none, one
+    is not an http(s) URL, or one repeats."""
+    pieces = url.split(",") if isinstance(url, str) else list(url)
+    if not all(isinstance(piece, str) for piece in pieces):
+        raise ValueError(f"RemoteSource needs a URL, comma-separated URLs or a list of URLs, got {url!r}")
+    urls = [_retrieve_url(piece.strip()) for piece in pieces if piece.strip()]
+    if not urls:
+        raise ValueError("RemoteSource needs at least one server URL")
+    repeated = sorted({u for u in urls if urls.count(u) > 1})
+    if repeated:
+        raise ValueError(f"the replica URLs repeat {', '.join(repeated)}")
+    return urls
+
+
 DEFAULT_TIMEOUT_S = 5.0
 """Default deadline of one ``search`` call. A healthy retrieval server answers a batch in well under a
 second; five seconds leave room for a cold cache or a queue on the server, and cap what a hung server
 costs a training step (per-read socket timeouts with retries let one call wait several times longer)."""
 
+DEFAULT_COOLDOWN_S = 10.0
+"""Default time a failed replica is skipped before a request tries it again. Long enough that a dead
+replica costs the other replicas' callers one failed attempt per cool-down, not one per request; short
+enough that a restarted server (a retrieval server answers 503 while it builds its index) rejoins soon
+after it is ready."""
+
 _HEADERS = {"Content-Type": "application/json"}
 _RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """How one replica of a :class:`RemoteSource` has fared since the source was made.
+
+    Attributes:
+        url: its ``/retrieve`` URL.
+        requests: HTTP attempts sent to it.
+        failures: of those, the ones that failed (no connection, no reply in time, HTTP 5xx, 408 or
+            429, a malformed reply) and so went to another replica or a retry.
+        down: it failed and has not answered since; requests skip it during each cool-down.
+        last_problem: what went wrong the last time it failed (None: never failed).
+    """
+
+    url: str
+    requests: int
+    failures: int
+    down: bool
+    last_problem: str | None
+
+
+@dataclass(eq=False)
+class _Replica:
+    """One server behind the source: where it is and how it has fared (changed under the source's lock)."""
+
+    url: str
+    requests: int = 0
+    failures: int = 0
+    failures_in_a_row: int = 0
+    down: bool = False
+    retry_at: float = 0.0  # time.monotonic() at which a down replica may be tried again
+    last_problem: str | None = None
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        self.path = f"{parts.path}?{parts.query}" if parts.query else parts.path
+        self.host, self.port = parts.hostname or "", parts.port
+        self.connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+
+    def eligible(self, now: float) -> bool:
+        """Up, or down with its cool-down over (the next request to it is the probe)."""
+        return not self.down or now >= self.retry_at
+
+
+class _ReplicaFailed(Exception):
+    """One attempt on one replica failed in a way another replica (or a later retry) may not."""
 
 
 @dataclass(eq=False)
@@ -171,33 +252,45 @@ class _Batch:
 
 
 class RemoteSource(Source):
-    """A Source backed by a Search-R1-compatible retrieval server.
+    """A Source backed by a Search-R1-compatible retrieval server, or by several replicas of one.
 
     Args:
-        url: the server's ``/retrieve`` URL (or its base URL).
+        url: the server's ``/retrieve`` URL (or its base URL); for replicas serving the same index,
+            a list of URLs or one string of comma-separated URLs.
         name: the source name the environment and NL-DAG plans use.
         timeout_s: deadline of one ``search`` call, everything included (waiting for a free sender,
-            connecting, every attempt and the backoff between them); default
+            connecting, every attempt on every replica and the backoff between them); default
             :data:`DEFAULT_TIMEOUT_S` (5 s). Past it the call raises :class:`SourceError`.
-        retries: further attempts after a failed one (connection error, 5xx, 408/429, malformed
-            reply), with exponential backoff from ``backoff_s``, as long as the deadline allows.
-            Other 4xx replies are not retried: the request itself is wrong. A server that does not
-            answer uses the whole deadline in one attempt.
+        retries: further rounds after a round in which every replica tried failed (connection error,
+            5xx, 408/429, malformed reply), with exponential backoff from ``backoff_s``, as long as
+            the deadline allows. Other 4xx replies are final: the request itself is wrong. With one
+            server a round is one attempt.
         max_batch: most queries in one HTTP request; concurrent calls are merged up to this size
             and a larger call is sent in several requests.
         max_in_flight: sender threads, i.e. requests that may be under way at once. Calls arriving
             while all senders are busy are merged into the next request.
-        backoff_s: wait before the first retry; doubled for each later one.
+        backoff_s: wait before the second round; doubled for each later one.
+        cooldown_s: how long a replica that failed is skipped; default :data:`DEFAULT_COOLDOWN_S`.
+
+    Replicas: each request goes to the next replica in turn (round robin) among those up. A failed
+    attempt marks its replica down and the request moves on at once to the next one; a down replica
+    is skipped for ``cooldown_s``, then the next request to it is the probe that brings it back (or
+    marks it down for another cool-down). Only when no other replica is left does a request try a
+    down one early, so a pool that is all down is still tried as a lone server is. An attempt's socket
+    operations wait at most its share of the time left, divided evenly over the replicas this round
+    still has to try (those up; once none is, the down ones), so a replica that hangs cannot use up
+    the deadline of a call another replica could answer. A replica going down and coming back is logged
+    once each (a ``logging`` warning); :meth:`replica_status` counts requests and failures per replica.
 
     ``search`` is thread-safe. Every failure reaches the caller as :class:`SourceError`. Sender
     threads start on the first search and stop in :meth:`close`; each keeps one keep-alive
-    connection (urllib3's: on a 2-core machine, requests' extra layers cost about twice urllib3's
-    CPU time per request, which is the whole budget of a BM25 query).
+    connection per replica (urllib3's: on a 2-core machine, requests' extra layers cost about twice
+    urllib3's CPU time per request, which is the whole budget of a BM25 query).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         name: str = "remote",
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -205,6 +298,7 @@ class RemoteSource(Source):
         max_batch: int = 64,
         max_in_flight: int = 2,
         backoff_s: float = 0.05,
+        cooldown_s: float = DEFAULT_COOLDOWN_S,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -212,25 +306,27 @@ class RemoteSource(Source):
             raise ValueError(f"retries must be >= 0, got {retries}")
         if max_batch < 1 or max_in_flight < 1:
             raise ValueError(f"max_batch and max_in_flight must be >= 1, got {max_batch} and {max_in_flight}")
-        self.url = _retrieve_url(url)
-        parts = urlsplit(self.url)
-        self._path = f"{parts.path}?{parts.query}" if parts.query else parts.path
-        self._host, self._port = parts.hostname or "", parts.port
-        self._connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+        if cooldown_s < 0:
+            raise ValueError(f"cooldown_s must be >= 0, got {cooldown_s}")
+        self._replicas = [_Replica(u) for u in replica_urls(url)]
+        self.urls: tuple[str, ...] = tuple(replica.url for replica in self._replicas)
+        self.url = ",".join(self.urls)  # one URL, or the replicas' comma-separated as they may be given
         self.name = name
         self.timeout_s = timeout_s
         self.retries = retries
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
         self.backoff_s = backoff_s
+        self.cooldown_s = cooldown_s
         self._closed = False
+        self._next_replica = 0  # where the round robin goes on
         self._forget_senders()
         forget_threads_after_fork(self, RemoteSource._forget_senders)
         self.requests_sent = 0  # HTTP attempts, for tests and benchmarks that check batching
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
-        """Retrieve at most ``k`` passages per query; raises SourceError when the server fails or
-        does not answer within ``timeout_s``."""
+        """Retrieve at most ``k`` passages per query; raises SourceError when no replica answers
+        within ``timeout_s``."""
         queries = list(queries)
         if not all(isinstance(q, str) for q in queries):
             raise SourceError(f"source {self.name!r}: every query must be a string")
@@ -249,6 +345,11 @@ class RemoteSource(Source):
         except FutureTimeout:
             self._give_up(call)
         raise SourceError(f"source {self.name!r}: no reply within {self.timeout_s:g} s from {self.url}")
+
+    def replica_status(self) -> dict[str, ReplicaStatus]:
+        """Each replica's counters and state, by URL (in the order given), as of now."""
+        with self._cond:
+            return {r.url: ReplicaStatus(r.url, r.requests, r.failures, r.down, r.last_problem) for r in self._replicas}
 
     def _forget_senders(self) -> None:
         """No queue, no sender threads (at start, and in a forked child, where the parent's do not exist)."""
@@ -292,7 +393,7 @@ class RemoteSource(Source):
         thread.start()
 
     def _sender_loop(self) -> None:
-        connection = self._connection_class(self._host, self._port, timeout=self.timeout_s)
+        connections: dict[int, HTTPConnection] = {}  # by replica index, opened on first use
         try:
             while True:
                 with self._cond:
@@ -302,9 +403,10 @@ class RemoteSource(Source):
                         return
                     batch = self._take_batch()
                 if batch is not None:
-                    self._send(batch, connection)
+                    self._send(batch, connections)
         finally:
-            connection.close()
+            for connection in connections.values():
+                connection.close()
 
     def _take_batch(self) -> _Batch | None:
         """The oldest live call plus every queued call with the same k, up to ``max_batch`` queries
@@ -330,12 +432,12 @@ class RemoteSource(Source):
             call.batch = batch
         return batch
 
-    def _send(self, batch: _Batch, connection: HTTPConnection) -> None:
+    def _send(self, batch: _Batch, connections: dict[int, HTTPConnection]) -> None:
         flat = [q for call in batch.calls for q in call.queries]
         try:
             results: list[list[Passage]] = []
             for start in range(0, len(flat), self.max_batch):
-                results.extend(self._post(flat[start : start + self.max_batch], batch, connection))
+                results.extend(self._post(flat[start : start + self.max_batch], batch, connections))
         except Exception as exc:  # every caller must hear back, whatever went wrong
             message = str(exc) if isinstance(exc, SourceError) else f"source {self.name!r}: {exc!r}"
             for call in batch.calls:  # one exception object per caller: each raises it on its own thread
@@ -346,57 +448,137 @@ class RemoteSource(Source):
             call.future.set_result(results[offset : offset + len(call.queries)])
             offset += len(call.queries)
 
-    def _post(self, queries: list[str], batch: _Batch, connection: HTTPConnection) -> list[list[Passage]]:
+    def _post(self, queries: list[str], batch: _Batch, connections: dict[int, HTTPConnection]) -> list[list[Passage]]:
+        """Send one request: rounds over the replicas (see the class docstring) until one answers,
+        the retries are spent or the batch's deadline passes."""
         body = json.dumps({"queries": queries, "topk": batch.calls[0].k, "return_scores": True}).encode("utf-8")
-        problem = f"no reply within {self.timeout_s:g} s"
+        problems: dict[str, str] = {}  # the latest problem of each replica tried, by URL
         attempts = 0
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(max(0.0, min(self.backoff_s * 2 ** (attempt - 1), batch.deadline - time.monotonic())))
-            remaining = batch.deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            with self._cond:
-                if batch.waiting == 0 or self._closed:
-                    break
-                self.requests_sent += 1
-                self._in_flight.add(batch)
-            attempts += 1
-            try:
-                status, data = self._exchange(connection, body, remaining, batch)
-            except (OSError, http.client.HTTPException, HTTPError) as exc:
-                connection.close()  # its state is unknown; the next attempt opens a new one
-                if time.monotonic() >= batch.deadline or batch.aborted:
-                    problem = f"no reply within {self.timeout_s:g} s"
-                elif isinstance(exc, NewConnectionError):
-                    problem = f"cannot reach the server ({exc})"
-                else:
-                    problem = f"cannot reach the server ({type(exc).__name__}: {exc})"
-                continue
-            finally:
+        for round_index in range(self.retries + 1):
+            if round_index:
+                time.sleep(max(0.0, min(self.backoff_s * 2 ** (round_index - 1), batch.deadline - time.monotonic())))
+            tried: set[int] = set()
+            while len(tried) < len(self._replicas):
+                remaining = batch.deadline - time.monotonic()
                 with self._cond:
-                    batch.sock = None
-                    self._in_flight.discard(batch)
-            if 400 <= status < 500 and status not in _RETRIED_CLIENT_STATUSES:
-                raise SourceError(f"source {self.name!r}: {self.url} rejected the request with HTTP {status}: {_reply_detail(data)}")
-            if status != 200:
-                problem = f"HTTP {status}: {_reply_detail(data)}"
-                continue
-            try:
-                results = parse_retrieve_response(json.loads(data), len(queries))
-            except ValueError as exc:  # includes a body that is not JSON (or not UTF-8)
-                problem = f"malformed reply: {exc}"
-                continue
-            return [row[: batch.calls[0].k] for row in results]
-        raise SourceError(f"source {self.name!r}: {self.url} failed after {attempts} attempt(s): {problem}")
+                    if remaining <= 0 or batch.waiting == 0 or self._closed:
+                        raise SourceError(self._failure_message(problems, attempts))
+                    index = self._choose_replica(tried)
+                    share = remaining / self._sharing(index, tried)
+                    tried.add(index)
+                    replica = self._replicas[index]
+                    replica.requests += 1
+                    self.requests_sent += 1
+                    self._in_flight.add(batch)
+                attempts += 1
+                try:
+                    results = self._attempt(replica, index, connections, body, share, batch, len(queries))
+                except _ReplicaFailed as exc:
+                    problems[replica.url] = str(exc)
+                    self._mark_failed(replica, str(exc))
+                    continue
+                except SourceError:  # the request was refused: by a replica that answers
+                    self._mark_answered(replica)
+                    raise
+                self._mark_answered(replica)
+                return [row[: batch.calls[0].k] for row in results]
+        raise SourceError(self._failure_message(problems, attempts))
 
-    def _exchange(self, connection: HTTPConnection, body: bytes, timeout_s: float, batch: _Batch) -> tuple[int, bytes]:
+    def _attempt(
+        self, replica: _Replica, index: int, connections: dict[int, HTTPConnection], body: bytes, timeout_s: float,
+        batch: _Batch, n_queries: int,
+    ) -> list[list[Passage]]:
+        """One request to one replica: its passages; :class:`_ReplicaFailed` when another replica (or
+        a later retry) may answer; SourceError when the request itself is refused."""
+        connection = connections.get(index)
+        if connection is None:
+            connection = connections[index] = replica.connection_class(replica.host, replica.port, timeout=timeout_s)
+        try:
+            status, data = self._exchange(connection, replica.path, body, timeout_s, batch)
+        except (OSError, http.client.HTTPException, HTTPError) as exc:
+            connection.close()  # its state is unknown; the next attempt opens a new one
+            if time.monotonic() >= batch.deadline or batch.aborted:
+                raise _ReplicaFailed(f"no reply within {self.timeout_s:g} s") from None
+            if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from ConnectTimeoutError
+                raise _ReplicaFailed(f"cannot reach the server ({exc})") from None
+            if isinstance(exc, (TimeoutError, ConnectionTimeout)):
+                raise _ReplicaFailed(f"no reply within {timeout_s:.3g} s") from None
+            raise _ReplicaFailed(f"cannot reach the server ({type(exc).__name__}: {exc})") from None
+        finally:
+            with self._cond:
+                batch.sock = None
+                self._in_flight.discard(batch)
+        if 400 <= status < 500 and status not in _RETRIED_CLIENT_STATUSES:
+            raise SourceError(f"source {self.name!r}: {replica.url} rejected the request with HTTP {status}: {_reply_detail(data)}")
+        if status != 200:
+            raise _ReplicaFailed(f"HTTP {status}: {_reply_detail(data)}")
+        try:
+            return parse_retrieve_response(json.loads(data), n_queries)
+        except ValueError as exc:  # includes a body that is not JSON (or not UTF-8)
+            raise _ReplicaFailed(f"malformed reply: {exc}") from None
+
+    def _choose_replica(self, tried: set[int]) -> int:
+        """The replica of the next attempt (under ``self._cond``; some replica is not in ``tried``):
+        the next one in turn that is up or past its cool-down, else the down one that failed the
+        fewest times in a row (and, among those, the one whose cool-down ends first)."""
+        now = time.monotonic()
+        count = len(self._replicas)
+        for step in range(count):
+            index = (self._next_replica + step) % count
+            if index not in tried and self._replicas[index].eligible(now):
+                self._next_replica = (index + 1) % count
+                return index
+        untried = [index for index in range(count) if index not in tried]
+        return min(untried, key=lambda index: (self._replicas[index].failures_in_a_row, self._replicas[index].retry_at))
+
+    def _sharing(self, index: int, tried: set[int]) -> int:
+        """Over how many attempts the time left is shared (under ``self._cond``): the replicas up and
+        not in ``tried`` when ``index`` is one of them, else (no replica up is left) those not tried."""
+        now = time.monotonic()
+        untried = [replica for i, replica in enumerate(self._replicas) if i not in tried]
+        if self._replicas[index].eligible(now):
+            return sum(replica.eligible(now) for replica in untried)
+        return len(untried)
+
+    def _mark_failed(self, replica: _Replica, problem: str) -> None:
+        """Count the failure and skip the replica for a cool-down; say so when it goes down."""
+        with self._cond:
+            if self._closed:  # cut by close(): not the replica's doing
+                return
+            replica.failures += 1
+            replica.failures_in_a_row += 1
+            replica.last_problem = problem
+            replica.retry_at = time.monotonic() + self.cooldown_s
+            went_down, replica.down = not replica.down, True
+            up = sum(not r.down for r in self._replicas)
+        if went_down:
+            logger.warning("source %r: replica %s is down (%s); skipping it for %g s, %d of %d replica(s) up",
+                           self.name, replica.url, problem, self.cooldown_s, up, len(self._replicas))
+
+    def _mark_answered(self, replica: _Replica) -> None:
+        """A reply: the replica is up again (said once, when it was down)."""
+        with self._cond:
+            came_back, replica.down = replica.down, False
+            failed, replica.failures_in_a_row = replica.failures_in_a_row, 0
+        if came_back:
+            logger.warning("source %r: replica %s answers again after %d failed attempt(s)", self.name, replica.url, failed)
+
+    def _failure_message(self, problems: dict[str, str], attempts: int) -> str:
+        """Why a request got no answer: each replica's latest problem (or that time ran out first)."""
+        if not problems:
+            return f"source {self.name!r}: no reply within {self.timeout_s:g} s from {self.url}"
+        if len(self._replicas) == 1:
+            return f"source {self.name!r}: {self.url} failed after {attempts} attempt(s): {problems[self.url]}"
+        said = "; ".join(f"{url}: {problem}" for url, problem in problems.items())
+        return f"source {self.name!r}: no replica answered ({attempts} attempt(s) on {len(problems)} of {len(self._replicas)}): {said}"
+
+    def _exchange(self, connection: HTTPConnection, path: str, body: bytes, timeout_s: float, batch: _Batch) -> tuple[int, bytes]:
         """One request and its whole reply. Each socket operation waits at most ``timeout_s``; the
         batch's deadline as a whole is kept by the callers, who cut the socket (:func:`_abort`)."""
         if connection.sock is not None and not connection.is_connected:
             connection.close()  # the server closed the idle keep-alive connection
         connection.timeout = timeout_s
-        connection.request("POST", self._path, body=body, headers=_HEADERS)
+        connection.request("POST", path, body=body, headers=_HEADERS)
         with self._cond:
             # Kept here rather than read from the connection later: a reply with "Connection: close"
             # takes the socket over from the connection while its body is still being read.

@@ -543,14 +543,18 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> dict:
+    """The /health reply once the server is ready (it answers 503 while its index is being built)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"server exited with {process.returncode}: {process.stderr.read().decode()}")
         try:
-            return requests.get(f"{url}/health", timeout=1.0).json()
+            reply = requests.get(f"{url}/health", timeout=1.0)
         except requests.ConnectionError:
-            time.sleep(0.1)
+            reply = None
+        if reply is not None and reply.status_code == 200:
+            return reply.json()
+        time.sleep(0.1)
     raise AssertionError(f"server did not become healthy within {timeout_s} s")
 
 
