@@ -59,6 +59,11 @@ class DataConfig:
         dataset: ``"synthetic"`` (the built-in world) or a FlashRAG jsonl / Search-R1 parquet path.
         corpus: the passages a real dataset is searched in: a ``{id, title, text}`` jsonl.
         retriever: ``bm25`` or ``dense`` (an encoder and faiss index over ``corpus``).
+        retrieval_url: search a retrieval server (``python -m search_env.server``) instead of indexing
+            ``corpus`` here: its URL, or the URLs of several replicas of it, comma-separated
+            (:class:`~search_env.sources.remote.RemoteSource` spreads the searches over them and skips
+            one that fails). Every rank of a data-parallel run, on every machine, searches the same
+            servers.
         eval_dataset: held-out questions of a real dataset (default: its last ``eval.questions`` questions).
         world_seed: seed of the synthetic world trained on.
         world_size: questions of the synthetic world trained on.
@@ -80,6 +85,7 @@ class DataConfig:
     dataset: str = "synthetic"
     corpus: str | None = None
     retriever: str = "bm25"
+    retrieval_url: str | None = None
     eval_dataset: str | None = None
     world_seed: int = 0
     world_size: int = 1000
@@ -102,8 +108,15 @@ class DataConfig:
             raise ValueError("data.corpus is for a real data.dataset; the synthetic world brings its own passages")
         if synthetic and self.eval_dataset is not None:
             raise ValueError("data.eval_dataset needs a real data.dataset (held-out synthetic questions come from data.eval_world_seed)")
-        if not synthetic and self.corpus is None:
-            raise ValueError(f"data.dataset {self.dataset!r} needs data.corpus: the passages to search (a {{id, title, text}} jsonl)")
+        if synthetic and self.retrieval_url is not None:
+            raise ValueError("data.retrieval_url is for a real data.dataset; the synthetic world searches its own passages")
+        if not synthetic and self.corpus is None and self.retrieval_url is None:
+            raise ValueError(f"data.dataset {self.dataset!r} needs data.corpus (the passages to search, a {{id, title, text}} "
+                             "jsonl) or data.retrieval_url (a retrieval server searching them)")
+        if self.corpus is not None and self.retrieval_url is not None:
+            raise ValueError("give data.corpus (indexed here) or data.retrieval_url (searched on a server), not both")
+        if self.retrieval_url is not None and not all(u.strip() for u in self.retrieval_url.split(",")):
+            raise ValueError(f"data.retrieval_url has an empty URL: {self.retrieval_url!r}")
 
 
 @dataclass

@@ -89,9 +89,14 @@ def synthetic_data(data: DataConfig, seed: int, size: int, *, held_out_from: int
 
 
 def _corpus_source(config: TrainConfig) -> Source:
-    """The corpus as one source named ``wiki`` (where the NL-DAG protocols' tool names point)."""
+    """The corpus as one source named ``wiki`` (where the NL-DAG protocols' tool names point): indexed
+    here, or searched on the retrieval servers of ``data.retrieval_url``."""
     from search_env.console import progress_enabled
 
+    if config.data.retrieval_url is not None:
+        from search_env.sources.remote import RemoteSource
+
+        return RemoteSource([url.strip() for url in config.data.retrieval_url.split(",")], name="wiki")
     corpus = config.data.corpus
     if not Path(corpus).is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
