@@ -1,166 +1,264 @@
-"""Evaluate agents on SearchQA-v0 and print a results table.
+"""Evaluate agents on SearchQA-v0: datasets x protocols x agents, with every setting the numbers depend on.
 
-With no arguments it runs on the embedded default (the synthetic world, BM25 sources, built-in
+With no arguments it runs on the embedded default (the synthetic world, its BM25 sources, the built-in
 tokenizer): the scripted oracle, retrieve-then-answer and no-search agents under every built-in
-protocol. Every figure is read from the episodes' trajectories (reward and its components, tool
-calls), the same record a learner trains on. Each protocol's reward is its own preset's, with the
-range it spans printed beside it (R-Search's reaches 2.4, most others 1).
+protocol, in seconds. Every figure is read from the episodes' trajectories, the record a learner
+trains on, and every agent plays through the rollout loop training uses.
 
-Real data: ``--dataset`` (a FlashRAG jsonl or Search-R1 parquet file) with ``--corpus`` (a jsonl
-corpus the questions are answered from, searched with BM25). Other agents: ``--agents`` takes the
-registered names below or ``module:Class``, a class built without arguments that has the scripted
-agents' ``start(example)`` and ``next_text(writer, observation_text)``.
+Agents (--agents, several side by side):
+  oracle, retrieve-then-answer, no-search   scripted baselines
+  hf:MODEL or a model folder                a local transformers model or a trained run's policy/ folder
+                                            (hf:tiny, hf:smollm2 too), sampled with the HF sampler
+  endpoint:URL#MODEL                        an OpenAI-compatible completions server (key: --api-key-env)
+  module:Name                               a scripted agent class (start, next_text) or a RolloutAgent
+                                            class or factory (begin, generate, feed, finish)
+Datasets (--dataset, several): synthetic; nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle (the
+  FlashRAG files in --data-dir, else $SEARCHQA_DATA, else ../shared/data); or a jsonl/parquet path. The
+  first --episodes questions of each are asked. Real questions are searched with --retriever bm25|dense
+  over --corpus, or with a retrieval server (--retrieval-url).
+Metrics, per dataset x protocol x agent: EM, F1 and cover-EM of the extracted answer against every gold
+  alias (SQuAD normalisation; cover-EM: a gold is a substring of the answer), an LLM judge's score
+  (--judge-url, --judge-model), the protocol's reward, searches, agent tokens, retrieved tokens and
+  seconds per question. Greedy decoding, or --sampled K: K seeds, their mean.
+Outputs (--output-dir DIR): results.md (settings block and table), results.csv, results.png (bar chart),
+  episodes.jsonl (each episode: trajectory text, answer, metrics, reward components) and settings.json.
+  Rerunning with the same DIR resumes: episodes already in episodes.jsonl are not played again (a torn
+  last line is dropped), and the tables are recomputed from it.
+Retrieval record/replay: --record-retrieval FILE keeps every search (source configuration, query, k ->
+  passages); --replay-retrieval FILE answers a later run from it with no retriever built (identical
+  scores). A search the file lacks stops the run, or with --replay-missing live is searched and added.
 
-Run: ``python -m benchmarks.evaluate [--episodes 100] [--protocols search-r1 research]
-[--dataset ../shared/data/hotpotqa_dev.jsonl --corpus ../shared/data/corpus.jsonl]
-[--agents oracle mypackage.agents:MyAgent] [--json out.json]``
+Run: python -m benchmarks.evaluate [--episodes 100] [--protocols search-r1 research]
+     [--dataset hotpotqa nq --corpus ../shared/data/corpus.jsonl] [--agents oracle hf:runs/demo/policy]
+     [--output-dir results/hotpotqa] [--record-retrieval searches.jsonl] [--json table.json]
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
-import rewards
 import search_env
-from agents import NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, run_episode
-from search_env.console import HelpFormatter, progress
+from agents.rollout.endpoint import EndpointError
+from rewards.models import LLMJudge, ModelCallError
+from search_env import BatchSearchQAEnv
+from search_env.console import HelpFormatter
 
-AGENTS: dict[str, type] = {"oracle": OracleAgent, "retrieve-then-answer": RetrieveThenAnswerAgent, "no-search": NoSearchAgent}
-"""The agents ``--agents`` knows by name."""
+from benchmarks.evaluation import HarnessError
+from benchmarks.evaluation.agent_specs import SCRIPTED, AgentOptions, Decoding, agent_from_object, parse_agent
+from benchmarks.evaluation.datasets import DATASET_FILES, SYNTHETIC, WORLD_SEED, Dataset, load_datasets
+from benchmarks.evaluation.report import print_legend, print_table, summarize, table_rows, to_markdown, write_chart, write_csv
+from benchmarks.evaluation.retrieval import RETRIEVERS, Retrieval, RetrievalOptions
+from benchmarks.evaluation.runner import EnvOptions, Plan, play, run
+from benchmarks.evaluation.store import EPISODES_FILE, EpisodeLog, check_settings
 
-NOTES = {
-    "evidence_skipped": "evidence F1 counted 0: no evidence model was given (it needs one)",
-    "f1_stand_in": "no judge was given: answer F1 stood in for the judge",
-}
+__all__ = ["evaluate", "main", "print_table"]
 
-
-def resolve_agent(spec: str) -> type:
-    """The agent class named by ``spec``: a key of :data:`AGENTS`, or ``module:Class``."""
-    if spec in AGENTS:
-        return AGENTS[spec]
-    module_name, colon, class_name = spec.partition(":")
-    if not colon or not module_name or not class_name:
-        raise ValueError(f"unknown agent {spec!r}: give one of {', '.join(AGENTS)} or module:Class")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load agent {spec!r}: {exc}") from None
-    missing = [method for method in ("start", "next_text") if not callable(getattr(cls, method, None))]
-    if missing:
-        raise ValueError(f"agent {spec!r} lacks {' and '.join(missing)}: see agents.scripted.agents.ScriptedAgent")
-    return cls
+RESULT_FILES = {"markdown": "results.md", "csv": "results.csv", "chart": "results.png"}
 
 
 def evaluate(protocol: str, agent: str | type, episodes: int, seed: int = 0, **env_kwargs: Any) -> dict[str, Any]:
-    """Run ``episodes`` episodes of one agent (a registered name or a class) under one protocol;
-    return the mean figures, the reward's range and notes on reward parts that could not count.
+    """Run one agent (an ``--agents`` spec or a class) on the first ``episodes`` questions under one
+    protocol; return the row: mean figures, the reward's preset and range, notes on reward parts that
+    could not count.
 
-    ``env_kwargs`` go to ``gym.make``; sources passed in them are the caller's to close."""
-    agent_cls = resolve_agent(agent) if isinstance(agent, str) else agent
-    agent_name = agent if isinstance(agent, str) else agent_cls.__name__
-    env = gym.make("SearchQA-v0", protocol=protocol, **env_kwargs)
-    base = env.unwrapped
-    n = min(episodes, len(base.examples))
-    rows, notes = [], set()
-    for i in progress(range(n), total=n, desc=f"{protocol}/{agent_name}", leave=False):
-        traj = run_episode(env, agent_cls(), seed=seed, options={"index": i})
-        components = traj.reward_components
-        answer = components.get("answer") or traj.answer or ""
-        gold = set(base.examples[i].gold_passage_ids)
-        found = {pid for call in traj.tool_calls for pid in call.passage_ids}
-        notes.update(key for key in NOTES if components.get(key) is True or components.get("judge_source") == key)
-        rows.append(
-            {
-                "reward": traj.reward,
-                "em": rewards.exact_match(str(answer), traj.golden_answers),
-                "f1": rewards.f1_score(str(answer), traj.golden_answers),
-                "searches": len(traj.tool_calls),
-                "gold_recall": len(gold & found) / len(gold) if gold else float("nan"),
-                "agent_tokens": int(sum(traj.producers)),
-                "env_tokens": traj.counters["env_tokens"],
-            }
-        )
-    if "sources" not in env_kwargs:
-        env.close()
-    preset = base.reward if isinstance(base.reward, str) else base.reward.name  # a name, or a StepReward
-    summary: dict[str, Any] = {"protocol": protocol, "agent": agent_name, "episodes": n, "preset": preset}
-    for key in rows[0]:
-        values = [r[key] for r in rows if r[key] == r[key]]  # drop NaN (no gold passages)
-        summary[key] = statistics.fmean(values) if values else float("nan")
-    summary["reward_range"] = rewards.value_range(preset) if isinstance(base.reward, str) else None
-    summary["notes"] = sorted(notes)
-    return summary
+    ``env_kwargs`` go to the environment (default: the synthetic world); sources passed in them are
+    the caller's to close."""
+    loaded = agent_from_object(agent.__name__, agent) if isinstance(agent, type) else parse_agent(agent)(AgentOptions())
+    rollout_agent = loaded.build(seed)
+    codec = getattr(rollout_agent, "codec", None)
+    if codec is not None:
+        env_kwargs.setdefault("tokenizer", codec)
+    env = BatchSearchQAEnv(8, protocol=protocol, **env_kwargs)
+    try:
+        examples = env.examples[:episodes]
+        records = play(rollout_agent, env, examples, {"dataset": "", "protocol": protocol, "agent": loaded.name, "seed": seed})
+    finally:
+        if "sources" not in env_kwargs:
+            env.close()
+        close = getattr(rollout_agent, "close", None)
+        if callable(close):
+            close()
+        loaded.release()
+    return {"protocol": protocol, "agent": loaded.name, "episodes": len(records), **summarize(records)}
 
 
-def _range_text(value_range: tuple[float, float] | None) -> str:
-    return f"[{value_range[0]:g}, {value_range[1]:g}]" if value_range is not None else "?"
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate", description=__doc__, formatter_class=HelpFormatter)
+    what = parser.add_argument_group("what to evaluate")
+    what.add_argument("--agents", "--agent", nargs="+", default=list(SCRIPTED), metavar="AGENT",
+                      help="scripted names, hf:MODEL, a model folder, endpoint:URL#MODEL or module:Name")
+    what.add_argument("--dataset", "--datasets", nargs="+", default=[SYNTHETIC], metavar="DATASET",
+                      help=f"{SYNTHETIC}, a short name ({', '.join(DATASET_FILES)}) or a FlashRAG jsonl / Search-R1 parquet path")
+    what.add_argument("--data-dir", type=Path, default=None,
+                      help="folder of the short-named datasets (unset: $SEARCHQA_DATA, else ../shared/data)")
+    what.add_argument("--protocols", nargs="+", default=search_env.available_protocols(), help="registered protocol names")
+    what.add_argument("--episodes", type=int, default=100, help="questions per dataset (the first ones of its file)")
+    search = parser.add_argument_group("retrieval")
+    search.add_argument("--corpus", type=Path, default=None, help="passage jsonl that real questions are answered from")
+    search.add_argument("--retriever", choices=RETRIEVERS, default="bm25", help="how --corpus is searched")
+    search.add_argument("--retrieval-url", default=None, help="a retrieval server (POST /retrieve) instead of --corpus")
+    search.add_argument("--encoder", default=None, help="dense retrieval's encoder folder (unset: the offline default)")
+    search.add_argument("--dense-index", choices=("flat", "hnsw", "ivf"), default="flat", help="dense retrieval's faiss index")
+    search.add_argument("--index-dir", type=Path, default=None, help="keep dense embeddings and index here between runs")
+    search.add_argument("--top-k", type=int, default=None, help="passages per search (unset: each protocol's own)")
+    search.add_argument("--record-retrieval", type=Path, default=None, metavar="FILE", help="record every search into FILE")
+    search.add_argument("--replay-retrieval", type=Path, default=None, metavar="FILE",
+                        help="answer every search from FILE (recorded earlier), building no retriever")
+    search.add_argument("--replay-missing", choices=("error", "live"), default="error",
+                        help="a search --replay-retrieval lacks: stop with an error, or search it live and add it")
+    budget = parser.add_argument_group("budgets and decoding")
+    budget.add_argument("--max-turns", type=int, default=None, help="searches per episode (unset: each protocol's own)")
+    budget.add_argument("--max-new-tokens", type=int, default=1024, help="agent tokens per episode")
+    budget.add_argument("--max-context", type=int, default=8192, help="tokens per episode, prompt included")
+    budget.add_argument("--sampled", type=int, default=0, metavar="K", help="sample with K seeds and report their mean (0: greedy)")
+    budget.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sampled)")
+    budget.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --sampled)")
+    budget.add_argument("--seed", type=int, default=0, help="the first sampling seed (and the scripted agents' episode seed)")
+    models = parser.add_argument_group("models")
+    models.add_argument("--batch-size", type=int, default=8, help="episodes played side by side")
+    models.add_argument("--device", default=None, help="where hf: models run (unset: CUDA when available)")
+    models.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="hf: models' weights (auto: bfloat16 on CUDA, float32 on the CPU)")
+    models.add_argument("--tokenizer", default=None,
+                        help="tokenizer folder of the environments of agents without their own (an endpoint's model; "
+                             "unset: the built-in one)")
+    models.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding endpoints' and the judge's API key")
+    models.add_argument("--judge-url", default=None, help="an OpenAI-compatible server whose model judges every answer")
+    models.add_argument("--judge-model", default=None, help="the judge's model name (with --judge-url)")
+    out = parser.add_argument_group("outputs")
+    out.add_argument("--output-dir", type=Path, default=None,
+                     help="write results.md/.csv/.png and episodes.jsonl here; an earlier run's folder resumes it")
+    out.add_argument("--json", help="also write the table to this JSON file")
+    return parser
 
 
-def print_table(table: list[dict[str, Any]], data_line: str) -> None:
-    width = max(22, *(len(r["agent"]) for r in table))
-    header = (f"{'protocol':18s} {'agent':{width}s} {'reward':>7s} {'of range':>10s} {'EM':>6s} {'F1':>6s} {'searches':>8s} "
-              f"{'gold rec.':>9s} {'agent tok':>9s} {'env tok':>8s}")
-    print(header)
-    print("-" * len(header))
-    for r in table:
-        print(
-            f"{r['protocol']:18s} {r['agent']:{width}s} {r['reward']:7.3f} {_range_text(r['reward_range']):>10s} {r['em']:6.3f} "
-            f"{r['f1']:6.3f} {r['searches']:8.2f} {r['gold_recall']:9.3f} {r['agent_tokens']:9.1f} {r['env_tokens']:8.1f}"
-        )
-    print(f"({data_line})")
-    print("reward: the protocol's reward preset, which spans the range beside it at its default options ('?': it declares none); "
-          "EM/F1: the extracted answer against the golds; gold rec.: gold passages among those retrieved")
-    notes = {}
-    for r in table:
-        for key in r["notes"]:
-            notes.setdefault((r["preset"], key), []).append(r["agent"])
-    for (preset, key), agents in sorted(notes.items()):
-        print(f"note: {preset}: {NOTES[key]} ({', '.join(agents)})")
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line each, what cannot run, before anything is loaded."""
+    for name, low in (("episodes", 1), ("sampled", 0), ("batch_size", 1), ("top_k", 1), ("max_turns", 0), ("max_new_tokens", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    if args.temperature <= 0 or not 0 < args.top_p <= 1:
+        parser.error(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
+    real = [spec for spec in args.dataset if spec != SYNTHETIC]
+    has_retriever = args.corpus is not None or args.retrieval_url is not None
+    if args.corpus is not None and args.retrieval_url is not None:
+        parser.error("give --corpus or --retrieval-url, not both")
+    if bool(real) != has_retriever and not (real and args.replay_retrieval is not None):
+        parser.error("give --dataset and --corpus together (or --retrieval-url, or --replay-retrieval): "
+                     "the synthetic world has its own sources, real questions need a corpus")
+    if args.retrieval_url is not None and args.retriever != "bm25":
+        parser.error("--retriever applies to --corpus; a retrieval server retrieves its own way")
+    if args.record_retrieval is not None and args.replay_retrieval is not None:
+        parser.error("give --record-retrieval or --replay-retrieval, not both (a replay with --replay-missing live adds to its file)")
+    if args.replay_retrieval is not None and not args.replay_retrieval.is_file():
+        parser.error(f"--replay-retrieval {args.replay_retrieval} does not exist")
+    if args.replay_missing == "live" and args.replay_retrieval is None:
+        parser.error("--replay-missing applies to --replay-retrieval")
+    if args.replay_missing == "live" and real and not has_retriever:
+        parser.error("--replay-missing live searches what the recording lacks: give --corpus or --retrieval-url")
+    if args.corpus is not None and args.replay_retrieval is None and not args.corpus.is_file():
+        parser.error(f"no corpus file {args.corpus}")
+    if args.tokenizer is not None and not Path(args.tokenizer).exists():
+        parser.error(f"no tokenizer at {args.tokenizer}")
+    if (args.judge_url is None) != (args.judge_model is None):
+        parser.error("give --judge-url and --judge-model together")
+    for protocol in args.protocols:
+        try:
+            search_env.get_protocol(protocol)
+        except search_env.UnknownNameError as exc:
+            parser.error(str(exc))
+
+
+def _settings(args: argparse.Namespace, retrieval: Retrieval, datasets: list[Dataset]) -> dict[str, Any]:
+    """What episodes' outcomes depend on beyond their key, checked when an output folder is resumed
+    (the real-data retriever as a replay of it names it too, so recording, replaying and searching
+    live resume one another)."""
+    decoding = "greedy" if not args.sampled else f"sampled (T={args.temperature:g}, top-p {args.top_p:g})"
+    real = any(dataset.world is None for dataset in datasets)
+    return {"retrieval": retrieval.real_config() if real else None, "top_k": args.top_k, "max_turns": args.max_turns,
+            "max_new_tokens": args.max_new_tokens, "max_context": args.max_context, "decoding": decoding,
+            "tokenizer": args.tokenizer, "dtype": args.dtype, "judge_model": args.judge_model}
+
+
+def _data_line(dataset: Dataset, retrieval: Retrieval, args: argparse.Namespace) -> str:
+    """Which questions a dataset's rows are over and how they were searched, under its terminal table."""
+    where = (f"synthetic world seed {WORLD_SEED}" if dataset.world is not None
+             else f"{dataset.name} searched with {retrieval.searched_with(dataset)}")
+    seeds = f"episode seed {args.seed}" if not args.sampled else f"sampling seeds {args.seed}-{args.seed + args.sampled - 1}"
+    return f"{len(dataset.examples)} episodes each, {where}, {seeds}"
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate", description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--episodes", type=int, default=100, help="questions per (protocol, agent)")
-    parser.add_argument("--protocols", nargs="+", default=search_env.available_protocols(), help="registered protocol names")
-    parser.add_argument("--agents", "--agent", nargs="+", default=list(AGENTS), metavar="AGENT",
-                        help=f"registered names ({', '.join(AGENTS)}) or module:Class")
-    parser.add_argument("--dataset", type=Path, default=None,
-                        help="questions: a FlashRAG jsonl or Search-R1 parquet file (unset: the synthetic world, seed 0)")
-    parser.add_argument("--corpus", type=Path, default=None, help="jsonl corpus the --dataset questions are answered from, searched with BM25")
-    parser.add_argument("--seed", type=int, default=0, help="episode seed")
-    parser.add_argument("--json", help="also write the table to this JSON file")
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.episodes < 1:
-        parser.error(f"--episodes must be at least 1, got {args.episodes}")
-    if (args.dataset is None) != (args.corpus is None):
-        parser.error("give --dataset and --corpus together: the synthetic world has its own sources, real questions need a corpus")
+    _check_arguments(parser, args)
+    loaders = []
     for spec in args.agents:
         try:
-            resolve_agent(spec)
+            loaders.append(parse_agent(spec))
         except ValueError as exc:
             parser.error(str(exc))
-
-    env_kwargs: dict[str, Any] = {}
-    data_line = f"{{n}} episodes each, synthetic world seed 0, episode seed {args.seed}"
-    if args.dataset is not None:
-        from search_env.data.loaders import load_dataset
-        from search_env.sources.bm25 import BM25Source
-
-        env_kwargs["dataset"] = load_dataset(args.dataset, limit=args.episodes)
-        env_kwargs["sources"] = BM25Source(args.corpus, name="wiki")
-        data_line = f"{{n}} episodes each, {args.dataset} searched with BM25 over {args.corpus}, episode seed {args.seed}"
     try:
-        table = [evaluate(p, spec, args.episodes, args.seed, **env_kwargs) for p in args.protocols for spec in args.agents]
+        datasets = load_datasets(args.dataset, args.episodes, args.data_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        parser.error(str(exc))
+    options = RetrievalOptions(retriever=args.retriever, corpus=args.corpus, url=args.retrieval_url, encoder=args.encoder,
+                               dense_index=args.dense_index, index_dir=args.index_dir, record=args.record_retrieval,
+                               replay=args.replay_retrieval, replay_missing=args.replay_missing)
+    try:
+        retrieval = Retrieval(options)
+        for dataset in datasets:
+            retrieval.describe(dataset)  # a replay's configuration is checked before anything runs
+        if args.output_dir is not None:
+            check_settings(args.output_dir, _settings(args, retrieval, datasets))
+    except (HarnessError, ValueError) as exc:
+        parser.error(str(exc))
+
+    agent_options = AgentOptions(decoding=Decoding(args.sampled, args.temperature, args.top_p), device=args.device,
+                                 dtype=args.dtype, api_key_env=args.api_key_env)
+    judge = None
+    if args.judge_url is not None:
+        judge = LLMJudge.http(args.judge_url, args.judge_model, api_key_env=args.api_key_env)
+    env = EnvOptions(top_k=args.top_k, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                     max_context=args.max_context, tokenizer=args.tokenizer)
+    plan = Plan(datasets, args.protocols, [load(agent_options) for load in loaders], env, seed=args.seed,
+                samples=args.sampled, batch_size=args.batch_size, judge=judge)
+    try:
+        log = EpisodeLog(args.output_dir / EPISODES_FILE if args.output_dir is not None else None)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if len(log):
+        torn = ", its torn last line dropped" if log.dropped_torn_line else ""
+        print(f"resuming {log.path}: {len(log)} episodes kept{torn}", file=sys.stderr)
+    try:
+        run(plan, retrieval, log)
+    except (HarnessError, EndpointError, ModelCallError) as exc:  # one line each; the episodes played are kept
+        sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:
+        if log.path is None:
+            raise
+        sys.exit(f"interrupted: {len(log)} episodes are in {log.path}; run the same command again to resume")
     finally:
-        if "sources" in env_kwargs:
-            env_kwargs["sources"].close()
-    print_table(table, data_line.format(n=table[0]["episodes"]))
+        log.close()
+        retrieval.close()
+        if judge is not None:
+            judge.chat.close()
+
+    table = table_rows(plan, log, retrieval, args.judge_model)
+    for dataset in datasets:
+        rows = [row for row in table if row["dataset"] == dataset.name]
+        if rows:
+            print_table(rows, _data_line(dataset, retrieval, args))
+    print_legend(table)
+    if args.output_dir is not None:
+        (args.output_dir / RESULT_FILES["markdown"]).write_text(to_markdown(table), encoding="utf-8")
+        write_csv(table, args.output_dir / RESULT_FILES["csv"])
+        write_chart(table, args.output_dir / RESULT_FILES["chart"])
+        print(f"wrote {', '.join(RESULT_FILES.values())} and {EPISODES_FILE} in {args.output_dir}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(table, f, indent=2)

@@ -8,11 +8,12 @@ from search_env.sources.base import Passage, Source, SourceError
 from search_env.sources.bm25 import BM25Source
 from search_env.sources.cache import CachedSource
 from search_env.sources.hybrid import HybridSource, reciprocal_rank_fusion
+from search_env.sources.recorded import RecordedSource, RetrievalRecording
 from search_env.sources.time_limit import TimeLimitedSource
 
 __all__ = [
     "Passage", "Source", "SourceError", "BM25Source", "CachedSource", "TimeLimitedSource", "HybridSource",
-    "reciprocal_rank_fusion", "DenseSource", "RemoteSource",
+    "reciprocal_rank_fusion", "DenseSource", "RemoteSource", "RecordedSource", "RetrievalRecording",
 ]
 _LAZY = {"DenseSource": "search_env.sources.dense", "RemoteSource": "search_env.sources.remote"}
 
