@@ -203,3 +203,35 @@ def test_a_warm_start_on_real_format_data_without_decompositions(tmp_path, capsy
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     warm = [r for r in metrics if "sft/steps" in r]
     assert warm and warm[0]["sft/steps"] == 2 and warm[0]["sft/demo_reward"] == 1.0
+
+
+#: Keys of a log record that measure time; everything else a run logs is a result of its steps.
+TIME_KEYS = ("time/", "tokens_per_s", "sft/seconds", "sft/trained_tokens_per_s")
+
+
+@pytest.mark.slow  # two short runs of the demo recipe (its world built twice), one beside two busy processes
+def test_the_demo_command_logs_the_same_steps_on_a_quiet_and_a_busy_machine(tmp_path):
+    """The README's command ends on step counts, never on a clock: run short (3 GRPO steps on a smaller
+    world, a short warm start, the environment worker on as in the recipe), alone and then with two processes keeping
+    both cores busy, its logs agree in everything but the time measured."""
+    flags = ["--config", str(ROOT / "agents" / "configs" / "demo.yaml"), "--run.steps", "3", "--eval.every", "1",
+             "--eval.questions", "4", "--data.world_size", "300", "--data.world_scale", "5", "--warm_start.steps", "6", "--warm_start.examples", "96",
+             "--warm_start.copy_steps", "3", "--run.progress", "false"]
+
+    def logged(folder: Path, busy: int) -> list[dict]:
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+        try:
+            done = subprocess.run([sys.executable, "-m", "agents.train", *flags, "--run.output_dir", str(folder)], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=900)
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+        assert done.returncode == 0, done.stderr[-2000:]
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in records]
+
+    quiet, busy = logged(tmp_path / "quiet", 0), logged(tmp_path / "busy", 2)
+    assert [(r["step"], r.get("stage")) for r in quiet] == [(0, "start"), (0, "warm start"), (1, None), (2, None), (3, None), (3, "final")]
+    assert any("eval/greedy/1-hop/em" in r for r in quiet) and any("sft/loss_last" in r for r in quiet)
+    assert busy == quiet
