@@ -29,6 +29,7 @@ EXTRAS = {
     "sb3": ["stable-baselines3>=2.3"],
     "data": ["pyarrow>=14"],
     "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false: step() is the boundary
+    "lora": ["peft>=0.21"],  # model.lora_rank > 0: LoRA adapters on the policy (peft)
     "vllm": ["vllm"],
     "bench": ["fastapi>=0.110"],  # the Search-R1 server stand-in in benchmarks/peers
     "trl": ["trl>=1.16"],  # TRL's GRPOTrainer, run beside ours by benchmarks.grpo_step_vs_trl

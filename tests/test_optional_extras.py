@@ -77,3 +77,17 @@ def test_model_based_rewards_need_the_judge_extra(monkeypatch: pytest.MonkeyPatc
         LocalChatModel.from_pretrained(tmp_path)
     with pytest.raises(ModuleNotFoundError, match=r"needs httpx: .*\[judge\]"):
         OpenAIChatModel("http://127.0.0.1:1", "judge")
+
+
+def test_lora_needs_the_lora_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import skip_without
+
+    skip_without("agents", "torch", "transformers")
+    from agents.policies.config import ModelConfig
+    from agents.policies.loading import add_lora, tiny_causal_lm
+
+    lm = tiny_causal_lm(4096, layers=1, hidden=32, heads=2)
+    hide(monkeypatch, "peft")
+    with pytest.raises(MissingExtraError, match=r"^model.lora_rank \(LoRA adapters\) needs peft: pip install 'searchqa-gym\[lora\]'$"):
+        add_lora(lm, ModelConfig(lora_rank=4))
+    assert add_lora(lm, ModelConfig()) is lm  # no LoRA asked for: peft is never imported

@@ -7,6 +7,7 @@ turns the usual mistakes (a missing path, a tokenizer of another model) into one
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -14,9 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from agents.policies.config import ModelConfig
 from agents.policies.policy import HFPolicy
+from search_env._optional import requires_extra
 from search_env.tokenization import as_codec
 
-__all__ = ["tiny_causal_lm", "load_smollm2", "load_policy", "VOCAB_PADDING_SLACK"]
+__all__ = ["add_lora", "tiny_causal_lm", "load_smollm2", "load_policy", "VOCAB_PADDING_SLACK"]
 
 #: Models pad their embedding matrix past the tokenizer's vocabulary (Qwen2.5: 151,665 ids, 151,936 rows);
 #: a tokenizer with more ids than rows, or with more than this many fewer, belongs to another model.
@@ -108,7 +110,8 @@ def load_policy(
     config's defaults): ``"tiny"``, ``"smollm2"`` or a local ``transformers`` model folder.
 
     Build the environment with ``tokenizer=policy.codec`` so both share one vocabulary. ``"tiny"`` is
-    sized by the config's ``tiny_*`` fields and initialised from ``seed``.
+    sized by the config's ``tiny_*`` fields and initialised from ``seed`` (in fp32, then cast to
+    ``dtype``). With ``lora_rank > 0`` the model gets LoRA adapters (:func:`add_lora`).
 
     Raises:
         ValueError: the model path does not exist, or the tokenizer does not fit the model's embedding.
@@ -122,7 +125,7 @@ def load_policy(
         codec = as_codec(tokenizer)
         lm = tiny_causal_lm(codec.vocab_size, layers=config.tiny_layers, hidden=config.tiny_hidden, heads=config.tiny_heads,
                             head_dim=config.tiny_head_dim, eos_id=min(codec.eos_ids), pad_id=codec.pad_id, seed=seed)
-        return HFPolicy(lm, codec, value_head=value_head)
+        return HFPolicy(add_lora(lm.to(dtype), config, seed=seed), codec, value_head=value_head)
     if model == "smollm2":
         lm, own_tokenizer = load_smollm2(dtype=dtype)
     else:
@@ -139,4 +142,35 @@ def load_policy(
         raise ValueError(
             f"the tokenizer has {codec.vocab_size} ids but the model's embedding has {rows} rows: they belong to different models"
         )
-    return HFPolicy(lm, codec, value_head=value_head)
+    return HFPolicy(add_lora(lm, config, seed=seed), codec, value_head=value_head)
+
+
+def add_lora(lm: PreTrainedModel, config: ModelConfig, *, seed: int = 0) -> torch.nn.Module:
+    """``lm`` wrapped by peft with the LoRA adapters ``config`` asks for (``lora_rank``, ``lora_alpha``,
+    ``lora_dropout``, ``lora_target_modules``), or ``lm`` itself when ``lora_rank`` is 0.
+
+    The base weights are frozen; the adapters are trainable and kept in fp32 whatever the base's dtype
+    (peft's ``autocast_adapter_dtype``), and start as the identity (``B = 0``), so the adapted model
+    computes exactly what the base does until it is trained. Their random half (``A``) is a function of
+    ``seed`` alone (the global generator is left untouched), so every data-parallel rank starts alike.
+
+    Raises:
+        MissingExtraError: peft is not installed (one line naming the extra).
+        ValueError: no module of the model matches ``lora_target_modules``.
+    """
+    if config.lora_rank == 0:
+        return lm
+    with requires_extra("lora", "model.lora_rank (LoRA adapters)"):
+        from peft import LoraConfig, get_peft_model
+    targets = config.lora_target_modules
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+                      bias="none", task_type="CAUSAL_LM")
+    try:
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            # peft reads a transformers attribute that is deprecated in name only
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            torch.manual_seed(seed)
+            return get_peft_model(lm, lora)
+    except ValueError as exc:  # peft names the targets it did not find, over several lines
+        raise ValueError(f"model.lora_target_modules {targets}: {' '.join(str(exc).split())}") from None

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import inspect
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from search_env.tokenization import TokenCodec, as_codec
 
-__all__ = ["HFPolicy", "PolicyOutput", "ValueModel", "position_ids_from_mask", "token_aligned"]
+__all__ = ["ADAPTER_DIR", "HFPolicy", "PolicyOutput", "ValueModel", "merged_state_dict", "position_ids_from_mask", "token_aligned"]
 
 
 @dataclass
@@ -55,7 +56,10 @@ class HFPolicy(nn.Module):
         value_head: add ``value_head = nn.Linear(hidden, 1)`` on the last hidden state (zero-initialised,
             so the critic starts as a zero baseline).
 
-    ``policy.parameters()`` covers the LM and the value head; ``policy.model`` is the LM itself.
+    ``policy.parameters()`` covers the LM and the value head; ``policy.model`` is the LM itself, or the
+    peft model wrapping it when it carries LoRA adapters (:func:`agents.policies.loading.add_lora`), whose
+    frozen base is then the reference policy (:meth:`adapters_off`); ``policy.lm`` is the transformers
+    model in both cases.
     """
 
     def __init__(self, model: nn.Module, codec: Any = None, *, value_head: bool = False) -> None:
@@ -66,13 +70,47 @@ class HFPolicy(nn.Module):
         if self.codec.vocab_size > rows:
             raise ValueError(f"the tokenizer has {self.codec.vocab_size} ids but the model's embedding only {rows} rows")
         self.vocab_size = self.codec.vocab_size
-        # Models that cannot skip positions in their LM head get full logits, cut here instead.
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # Models that cannot skip positions in their LM head get full logits, cut here instead (a peft
+        # wrapper passes the argument on to the model it wraps).
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.lm.forward).parameters
         self.value_head: nn.Linear | None = None
         if value_head:
             self.value_head = nn.Linear(model.config.hidden_size, 1)
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def lm(self) -> nn.Module:
+        """The transformers causal LM: ``model`` itself, or the one a peft wrapper adapts (its adapted
+        layers in place)."""
+        return self.model.get_base_model() if self.has_adapters else self.model
+
+    @property
+    def has_adapters(self) -> bool:
+        """Whether ``model`` is a peft model (LoRA adapters trained on a frozen base)."""
+        return hasattr(self.model, "disable_adapter") and hasattr(self.model, "get_base_model")
+
+    @contextmanager
+    def adapters_off(self) -> Iterator[None]:
+        """Within the block the policy is its frozen base model: a LoRA run's reference policy, without
+        a second copy of the weights."""
+        if not self.has_adapters:
+            raise ValueError("this policy has no adapters to switch off (model.lora_rank is 0)")
+        with self.model.disable_adapter():
+            yield
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each layer's activations in the backward pass instead of keeping them (Hugging Face's
+        non-reentrant gradient checkpointing, which also lets gradients reach adapters over a frozen
+        embedding). Active in training mode only: rollouts in evaluation mode keep their KV cache."""
+        lm = self.lm
+        renamed = hasattr(lm, "activation_checkpointing_enable")  # the name transformers 5.24 gave it
+        if not enabled:
+            lm.activation_checkpointing_disable() if renamed else lm.gradient_checkpointing_disable()
+        elif renamed:
+            lm.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def forward(
         self,
@@ -124,17 +162,26 @@ class HFPolicy(nn.Module):
         if with_values:
             hidden = out.hidden_states[-1]
             hidden = hidden[:, :-1].to(self.value_head.weight.dtype)
-            values = torch.where(real, token_aligned(self.value_head(hidden).squeeze(-1)), 0.0)
+            values = torch.where(real, token_aligned(self.value_head(hidden).squeeze(-1).float()), 0.0)
         return PolicyOutput(logprobs, entropy, values)
 
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write the LM as a standard transformers model folder (weights, config, tokenizer), which
         :func:`agents.policies.loading.load_policy`, the evaluation harness and any Hugging Face tool load.
-        The value head, a training device, is not part of it. Returns the folder."""
+        The value head, a training device, is not part of it. Returns the folder.
+
+        With LoRA adapters the folder holds the model with the adapters merged into its weights (so every
+        tool loads the trained policy as it is), and ``adapter/`` inside it the adapters alone, in peft's
+        format (``PeftModel.from_pretrained(base_model, folder / "adapter")``); the policy itself is left
+        unmerged."""
         target = Path(directory)
         target.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(target)
+        if self.has_adapters:
+            self.lm.save_pretrained(target, state_dict=merged_state_dict(self.model))
+            self.model.save_pretrained(target / ADAPTER_DIR)
+        else:
+            self.model.save_pretrained(target)
         tokenizer = self.codec.tokenizer
         if not hasattr(tokenizer, "save_pretrained"):  # a bare ``tokenizers.Tokenizer`` (the built-in one)
             from transformers import PreTrainedTokenizerFast
@@ -144,6 +191,34 @@ class HFPolicy(nn.Module):
                                                 pad_token=tokenizer.id_to_token(self.codec.pad_id))
         tokenizer.save_pretrained(target)
         return target
+
+
+#: Where :meth:`HFPolicy.save_pretrained` puts a LoRA policy's adapters, inside the model folder.
+ADAPTER_DIR = "adapter"
+
+
+def merged_state_dict(peft_model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapted model's weights with each LoRA adapter folded into the weight it adapts (``W + (alpha /
+    r) B A``, peft's merge), under the plain model's key names; the peft model is not changed (merging it
+    in place and back would leave rounding in the frozen base)."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    adapter = peft_model.active_adapter
+    merged: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            weight = module.get_base_layer().weight
+            # In the adapters' own precision even when called under a bf16 autocast (a run's export).
+            with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
+                merged[f"{name}.weight"] = weight + module.get_delta_weight(adapter).to(weight.dtype)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        out[key] = merged.get(key, value)
+    return out
 
 
 def _from_column(predictions: torch.Tensor, first: int) -> torch.Tensor:
@@ -170,7 +245,7 @@ class ValueModel(nn.Module):
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
-        per_position = self.value_head(hidden[:, :-1].to(self.value_head.weight.dtype)).squeeze(-1)
+        per_position = self.value_head(hidden[:, :-1].to(self.value_head.weight.dtype)).squeeze(-1).float()
         real = attention_mask.bool()
         return torch.where(real & token_aligned(real[:, :-1]), token_aligned(per_position), 0.0)
 

@@ -221,7 +221,7 @@ class HFSampler:
         self._eos[list(self.codec.eos_ids)] = True
         self._scanners: dict[tuple[str, ...], tuple[StopScanner, torch.Tensor]] = {}
         self._kv: _KVBatch | None = None
-        self._cache_arg = cache_keyword(self.model)
+        self._cache_arg = cache_keyword(policy.lm)  # a peft wrapper passes it on to the model it adapts
 
     # -- RolloutAgent -------------------------------------------------------------------------------
     def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:

@@ -16,14 +16,14 @@ import torch
 
 from agents.learners.registry import lookup_algorithm
 from agents.policies.loading import load_policy
-from agents.training.backend import build_backend
+from agents.training.backend import build_backend, training_dtype
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
 from agents.training.data import split_data
 from agents.training.trainer import Trainer
 from search_env import BatchSearchQAEnv
 
-__all__ = ["build_trainer", "engine_defaults", "env_options", "rollout_engine"]
+__all__ = ["build_trainer", "engine_defaults", "env_options", "policy_load_dtype", "rollout_engine"]
 
 
 def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) -> Trainer:
@@ -40,7 +40,10 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) ->
     torch.manual_seed(config.run.seed)
     (train_examples, train_sources), held_out = split_data(config)
     algorithm = lookup_algorithm(config.algo)(config.algorithm, max_new_tokens=config.env.max_new_tokens)
-    policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed).to(config.run.device)
+    policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed,
+                         dtype=policy_load_dtype(config)).to(config.run.device)
+    if config.run.gradient_checkpointing:
+        policy.set_gradient_checkpointing(True)
     backend = build_backend(config, policy, algorithm)
     agent_factory = rollout_engine(config, policy, backend)
     options = env_options(config, policy.codec)
@@ -53,6 +56,16 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) ->
         eval_questions = list(range(len(examples)))
     return Trainer(config, policy, env, algorithm, backend, eval_env=eval_env, eval_questions=eval_questions,
                    agent_factory=agent_factory, callbacks=callbacks)
+
+
+def policy_load_dtype(config: TrainConfig) -> torch.dtype:
+    """The dtype the policy's model is loaded in: fp32 for what is trained (the optimiser's steps must not
+    round away; bf16 compute is autocast, or the DeepSpeed engine's), and with LoRA on the ``torch``
+    backend the frozen base in the run's precision (``run.dtype``), so a bf16 run holds it in half the
+    memory (the adapters stay fp32)."""
+    if config.model.lora_rank > 0 and config.run.backend == "torch":
+        return training_dtype(config.run.dtype, torch.device(config.run.device))
+    return torch.float32
 
 
 def engine_defaults(config: TrainConfig) -> None:

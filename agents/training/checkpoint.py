@@ -29,7 +29,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Mapping
+from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_FILE", "capture_rng", "clean_run_folder", "load_checkpoint", "load_run", "load_run_backend",
-    "read_run", "restore_rng", "save_checkpoint", "save_run",
+    "read_run", "restore_rng", "save_checkpoint", "save_run", "tensors_sha256",
 ]
 
 CHECKPOINT_FILE = "checkpoint.pt"  #: the file name of a run's latest checkpoint inside its output folder
@@ -299,6 +299,17 @@ def load_run(path: str | os.PathLike[str], backend: TrainingBackend) -> dict[str
     """Load the backend's folder that the checkpoint at ``path`` names into ``backend``, every file
     checked; returns the trainer's state."""
     return load_run_backend(path, read_run(path), backend)
+
+
+def tensors_sha256(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """The SHA-256 of named tensors - names, dtypes, shapes and bytes, in order - to tell later whether
+    weights a checkpoint leaves out to be rebuilt are rebuilt the same."""
+    digest = hashlib.sha256()
+    for name, tensor in named:
+        value = tensor.detach().contiguous().cpu()
+        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
+        digest.update(memoryview(value.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def capture_rng() -> dict[str, Any]:

@@ -334,8 +334,19 @@ class RunConfig:
             sharded) or 3 (parameters too).
         deepspeed_config: with ``backend: deepspeed``, a JSON file whose keys override the engine config
             derived from this one (:func:`agents.training.deepspeed_backend.deepspeed_config`).
-        dtype: the engine's training precision with ``backend: deepspeed``: ``auto`` (bf16 on a GPU
-            that supports it, fp32 on a CPU), ``bf16`` or ``fp32``.
+        dtype: the training precision: ``auto`` (bf16 on a GPU that supports it, fp32 on a CPU),
+            ``bf16`` or ``fp32``. With bf16 the forward passes (rollouts, log-probs, updates) compute in
+            bf16 while log-probs, losses and the optimiser's steps stay in fp32: the trained weights are
+            kept in fp32 (an AdamW step of RL's 1e-6 rates is far below bf16's resolution of a weight,
+            2^-8 of it, and would round away), and what no optimiser updates - the ``torch`` backend's
+            frozen reference, a LoRA run's base model - is held in bf16, half the memory. ``torch``
+            backend: autocast over fp32 weights; ``bf16`` is allowed on a CPU too (PyTorch's CPU kernels
+            run bf16). ``deepspeed`` backend: the engine's bf16 mode (fp32 master weights in its
+            optimiser); ``bf16`` needs a GPU there.
+        gradient_checkpointing: recompute each transformer layer's activations in the backward pass instead
+            of keeping them (Hugging Face's activation checkpointing, non-reentrant): less memory
+            for long episodes, about a third more compute per update, the same gradients. Rollouts
+            (evaluation mode, with a KV cache) are unaffected; a resume may change it.
         num_threads: torch's CPU threads.
         output_dir: where logs, curve, config, checkpoint and the trained policy go. It must be writable
             (checked when the run starts, before any model is loaded by the command line).
@@ -371,6 +382,7 @@ class RunConfig:
     zero_stage: int = 2
     deepspeed_config: str | None = None
     dtype: str = "auto"
+    gradient_checkpointing: bool = False
     num_threads: int = 1
     output_dir: str = "runs/latest"
     resume: bool = False
@@ -512,3 +524,13 @@ class TrainConfig:
                              f"got {algorithm.overlong_buffer}")
         if self.run.stop_after is not None and self.run.stop_after > self.run.steps:
             raise ValueError(f"run.stop_after ({self.run.stop_after}) is past run.steps ({self.run.steps})")
+        if self.model.lora_rank > 0:
+            if self.warm_start.steps + self.warm_start.copy_steps > 0:
+                raise ValueError("model.lora_rank trains adapters on a base that is also the reference, so a warm start cannot "
+                                 "precede it: warm-start in a run of its own, then train its policy/ with --model.name")
+            if getattr(algorithm, "critic", None) == "separate":
+                raise ValueError("model.lora_rank with PPO's separate critic would copy the whole model for it: "
+                                 "use --algorithm.critic head")
+            if self.rollout.engine != "hf":
+                raise ValueError(f"model.lora_rank needs rollout.engine: hf (the {self.rollout.engine} engine is not "
+                                 "given the adapters)")

@@ -21,8 +21,8 @@ computes: ``run.steps`` (unless a warm-up is a share of it), ``run.stop_after``,
 ``run.log_every``, ``run.progress``, ``run.resume``, ``run.report_to``, ``run.output_dir`` (a moved run),
 ``run.log_entropy``, ``run.allow_changes``, ``run.overwrite``, ``run.print_every``, ``run.sample_every``,
 ``run.warn_failed_searches``, ``warm_start.save_every``, ``optim.max_skipped_updates`` (when a diverged run stops), ``eval.every``,
-``eval.by_hops``, ``eval.periodic_sampled`` and ``rollout.env_worker`` (the worker steps the same
-episodes). Everything else - the seed, data, protocol and reward, model, algorithm and its maths, optimiser, warm start, held-out
+``eval.by_hops``, ``eval.periodic_sampled``, ``rollout.env_worker`` (the worker steps the same
+episodes) and ``run.gradient_checkpointing`` (a recomputation gives the same gradients). Everything else - the seed, data, protocol and reward, model, algorithm and its maths, optimiser, warm start, held-out
 questions, device, backend and thread count (which change floating-point results) - is the run's meaning.
 
 :func:`start_run` (what :meth:`~agents.training.trainer.Trainer.train` runs first) takes a fresh run
@@ -65,7 +65,7 @@ FREE_SETTINGS = frozenset({
     "run.steps", "run.stop_after", "run.save_every", "run.log_every", "run.progress", "run.resume",
     "run.report_to", "run.output_dir", "run.log_entropy", "run.allow_changes", "run.overwrite", "run.print_every",
     "run.sample_every", "run.warn_failed_searches", "warm_start.save_every", "optim.max_skipped_updates", "eval.every", "eval.by_hops",
-    "eval.periodic_sampled", "rollout.env_worker",
+    "eval.periodic_sampled", "rollout.env_worker", "run.gradient_checkpointing",
 })
 #: The parts of a run's start, in order; a checkpoint lists those it holds (all of them past step 0).
 START_PARTS = ("start", "warm start", "warm start evaluation")

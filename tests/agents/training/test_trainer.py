@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from agents.training import update  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
-from tests.agents.training.tiny import records, run, small_config  # noqa: E402
+from tests.agents.training.tiny import probe_batch, records, run, small_config  # noqa: E402
 
 ALGOS = ["ppo", "grpo", "reinforce++", "reinforce++-baseline"]
 
@@ -90,10 +90,14 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, algo):
     assert [p.name for p in (tmp_path / "split" / "checkpoints").iterdir()] == ["step-3"]  # older steps removed
     expected, got = whole.backend.state_dict(), resumed.backend.state_dict()
     assert set(expected) == set(got)
-    for part in ("policy", "critic", "reference"):
+    for part in ("policy", "critic"):
         if part in expected:
             for key, value in expected[part].items():
                 assert torch.equal(value, got[part][key]), f"{part}.{key} differs"
+    # The reference is not checkpointed (it is the policy as built): the resume rebuilt the very same one.
+    assert "reference" not in expected and whole.algorithm.uses_reference
+    batch = probe_batch(whole.policy.vocab_size)
+    assert torch.equal(resumed.backend.reference_logprobs(batch), whole.backend.reference_logprobs(batch))
     for optimizer in ("optimizer", "critic_optimizer"):
         if optimizer not in expected:
             continue

@@ -1,5 +1,5 @@
 """Tiny runs shared by the trainer's tests: a config that trains in seconds on the tiny model, a runner
-that closes the environments, and the metrics log's records."""
+that closes the environments, the metrics log's records, and a batch to compare log-probs on."""
 from __future__ import annotations
 
 import json
@@ -33,6 +33,25 @@ def run(config: TrainConfig, **build_options: Any):
     finally:
         trainer.close_environments()
     return trainer, result
+
+
+def probe_batch(vocab: int, rows: int = 3, width: int = 12, seed: int = 0):
+    """A :class:`~agents.rollout.batch.TrainBatch` of random ids below ``vocab`` (the last row right-padded,
+    trained from column 4), to compare log-probs of policies on."""
+    import torch
+
+    from agents.rollout.batch import TrainBatch
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, width), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[-1, width - 3:] = 0
+    trained = mask.clone()
+    trained[:, :4] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return TrainBatch(input_ids=ids, attention_mask=mask, position_ids=positions, trained_mask=trained,
+                      token_rewards=torch.zeros(rows, width), scores=torch.zeros(rows), group_index=torch.arange(rows),
+                      group_ids=[str(i) for i in range(rows)], trajectories=[])
 
 
 def records(path: str | Path) -> list[dict[str, Any]]:
