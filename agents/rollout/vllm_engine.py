@@ -122,6 +122,11 @@ class VLLMEngine:
             "enforce_eager": True,
         }
         if on_cpu:
+            # A prompt prefilled in chunks over several engine steps rewinds its request's random
+            # generator after each partial step, and a CPU generator has no offset to rewind: every
+            # seeded request (all of ours) fails with "CPU Generator does not use offset" once a
+            # turn's new prompt tokens exceed one step's budget. Whole prompts per step avoid it.
+            kwargs["enable_chunked_prefill"] = False
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
                 kwargs["kv_cache_memory_bytes"] = int(min(memory_fraction * total, CPU_KV_CACHE_GIB_MAX * 2**30))

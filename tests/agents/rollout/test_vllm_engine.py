@@ -30,8 +30,8 @@ def results():
     assert build.returncode == 0, f"building the vLLM venv failed:\n{build.stderr[-4000:]}"
     python = os.path.join(build.stdout.strip().splitlines()[-1], "bin", "python")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run([python, str(CHECKS), "sync", "protocols", "grpo"], capture_output=True, text=True,
-                         timeout=2100, cwd=REPO_ROOT, env=env)
+    checks = ["sync", "protocols", "multi_turn", "prefill_budget", "grpo"]
+    run = subprocess.run([python, str(CHECKS), *checks], capture_output=True, text=True, timeout=2100, cwd=REPO_ROOT, env=env)
     assert run.returncode == 0, f"the vLLM checks failed:\n{run.stderr[-6000:]}"
     results = json.loads(run.stdout.strip().splitlines()[-1])
     print("vLLM checks:", json.dumps(results))  # shown with -rA / -s: the measured gaps and timings
@@ -48,8 +48,8 @@ def test_weights_sync_after_an_optimiser_step(results):
 
 def test_episodes_under_every_protocol_keep_token_in_token_out(results):
     """The engine's ids and masks are the environment's under every seed protocol. (Untrained SmolLM2
-    answers in prose without searching, so these episodes are single-turn: multi-turn episodes through
-    the engine are not shown by this test.)"""
+    answers in prose without searching, so these episodes are single-turn; the scripted model's test
+    below has multi-turn ones.)"""
     protocols = results["protocols"]
     assert set(protocols) >= {"search-r1", "r1-searcher", "research", "r-search", "reasoning-search"}
     for name, check in protocols.items():
@@ -63,6 +63,33 @@ def test_greedy_episodes_equal_the_hf_samplers(results):
     # Both run SmolLM2 in float32 with other kernels: a near-tie between two ids may break the other way,
     # after which the episodes part. Nearly all must agree.
     assert equal >= 0.75 * total, protocols
+
+
+def test_multi_turn_episodes_under_every_protocol_equal_the_envs_and_the_hf_samplers(results):
+    """A model whose weights make it search, then answer once the results are in (``scripted_lm.py``),
+    through ``rollout.engine: vllm``: every episode is multi-turn with a search that ran, the engine
+    wrote the script, and the ids, producer masks and learner batch are the environment's record and
+    the HF sampler's. Each protocol's model replaces the last one's weights in the running engine, so
+    the episodes also show the engine sampling from reloaded weights (LM head untied)."""
+    checks = results["multi_turn"]
+    assert set(checks) >= {"search-r1", "search-r1-compact", "r1-searcher", "research", "r-search", "reasoning-search"}
+    for name, check in checks.items():
+        episodes = check["episodes"]
+        assert episodes > 0 and check["multi_turn"] == episodes, (name, check)
+        assert check["wrote_the_script"] == episodes, (name, check)
+        assert min(check["searches"]) >= 1 and check["search_errors"] == [], (name, check)
+        assert check["masks_equal"] and check["batch_equal"], (name, check)
+        assert check["hf_equal"] == episodes and check["hf_batch_equal"], (name, check)
+        assert check["logprobs_on_agent_only"] and check["min_agent_logprob"] > -1e-3, (name, check)
+
+
+def test_seeded_requests_whose_prompts_exceed_one_engine_step(results):
+    """vLLM's CPU backend fails a seeded request prefilled over several steps (its generator cannot be
+    rewound); the engine prefills whole prompts, so a turn with more prompt tokens than a step takes
+    waits for the next step instead."""
+    budget = results["prefill_budget"]
+    assert budget["prompt_tokens"] > budget["step_budget"], budget  # the rollout needs several steps
+    assert budget["episodes"] == budget["wrote_the_script"] == budget["multi_turn"] == 16, budget
 
 
 def test_grpo_steps_with_the_vllm_engine(results):

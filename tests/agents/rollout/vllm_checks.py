@@ -6,7 +6,10 @@
 Checks: ``sync`` (tiny model: engine log-probs equal the trainer's, change after an optimiser step and
 a sync), ``protocols`` (SmolLM2: sampled episodes under every protocol; trajectory ids and producer
 masks equal what the agent and the environment exchanged; greedy episodes of vLLM and the HF sampler
-compared), ``grpo`` (a few GRPO steps of SmolLM2 with ``rollout.engine: vllm``).
+compared), ``multi_turn`` (a scripted model that searches, then answers, under every protocol, with
+``rollout.engine: vllm``: episodes, masks and learner batches equal the environment's records and the HF
+sampler's), ``prefill_budget`` (a seeded rollout whose prompts exceed one engine step's token budget),
+``grpo`` (a few GRPO steps of SmolLM2 with ``rollout.engine: vllm``).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from agents.rollout.collect import collect_rollouts  # noqa: E402
 from agents.rollout.hf_sampler import HFSampler  # noqa: E402
 from agents.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from search_env import SEED_PROTOCOLS, BatchSearchQAEnv  # noqa: E402
+from search_env.tokenization import as_codec  # noqa: E402
 from search_env.trajectory import AGENT, ENVIRONMENT  # noqa: E402
 
 MEMORY = 0.05  # of the machine's memory for the KV cache (capped at 2 GiB)
@@ -141,6 +145,114 @@ def check_protocols() -> dict:
     return result
 
 
+def agent_ids(traj) -> list[int]:
+    return [tid for tid, producer in zip(traj.token_ids, traj.producers) if producer == AGENT]
+
+
+def same_record(a, b) -> bool:
+    """Two episodes with the same ids, producers and trained mask."""
+    return a.token_ids == b.token_ids and a.producers == b.producers and a.trained == b.trained
+
+
+def batch_matches(batch, trajectories) -> bool:
+    """The learner batch's rows are the trajectories' ids and trained masks, then padding."""
+    for b, traj in enumerate(trajectories):
+        n = len(traj.token_ids)
+        if (batch.input_ids[b, :n].tolist() != traj.token_ids or batch.trained_mask[b, :n].tolist() != list(traj.trained)
+                or int(batch.attention_mask[b].sum()) != n or float(batch.trained_mask[b, n:].sum()) != 0.0):
+            return False
+    return True
+
+
+def check_multi_turn() -> dict:
+    """Episodes of the scripted model (``scripted_lm.py``) under every protocol, one engine whose weights
+    are replaced for each protocol's model (they share their shapes), built by the trainer's
+    ``rollout.engine: vllm`` factory; greedy, like the HF sampler's episodes they are compared with."""
+    from agents.learners import GRPO, GRPOConfig
+    from agents.policies.policy import HFPolicy
+    from agents.rollout.batch import build_batch
+    from agents.training.backend import build_backend
+    from agents.training.build import rollout_engine
+    from agents.training.config import EnvConfig, RolloutConfig, TrainConfig
+    from search_env import available_protocols
+    from tests.agents.rollout.scripted_lm import script_episode, scripted_lm
+
+    codec = as_codec(None)
+    config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=2, kl_coef=0.0),
+                         env=EnvConfig(max_new_tokens=64, max_context=1024),
+                         rollout=RolloutConfig(engine="vllm", vllm_memory_fraction=MEMORY))
+    questions, group_size = [0, 1, 2], 2
+    policy = factory = None
+    result = {}
+    for protocol in available_protocols():
+        env = BatchSearchQAEnv(len(questions) * group_size, protocol=protocol, tokenizer=codec,
+                               max_new_tokens=config.env.max_new_tokens, max_context=config.env.max_context)
+        prompts = [env.envs[0].first_observation(env.examples[q])[0]["token_ids"] for q in questions]
+        episode = script_episode(env.protocol, codec, prompts)
+        lm = scripted_lm(episode, codec)
+        if policy is None:
+            policy = HFPolicy(lm, codec)
+            factory = rollout_engine(config, policy, build_backend(config, policy, GRPO(config.algorithm)))
+        else:
+            policy.model.load_state_dict(lm.state_dict())
+            factory.engine.sync_weights()
+        recorder = Recorder(factory(True, 0))
+        vllm = collect_rollouts(recorder, env, questions, group_size=group_size)  # raises when ids disagree
+        hf = collect_rollouts(HFSampler(policy, greedy=True), env, questions, group_size=group_size)
+        pad = codec.pad_id
+        vllm_batch = build_batch(vllm.trajectories, vllm.group_ids, pad, vllm.sampled_logprobs)
+        hf_batch = build_batch(hf.trajectories, hf.group_ids, pad, hf.sampled_logprobs)
+        agent_logprobs = [lp for lps, t in zip(vllm.sampled_logprobs, vllm.trajectories)
+                          for lp, p in zip(lps, t.producers) if p == AGENT]
+        result[protocol] = {
+            "episodes": len(vllm.trajectories),
+            "multi_turn": sum(multi_turn(t) for t in vllm.trajectories),
+            "searches": [len(t.tool_calls) for t in vllm.trajectories],
+            "search_errors": [c.error for t in vllm.trajectories for c in t.tool_calls if c.error],
+            "end_reasons": sorted({t.end_reason for t in vllm.trajectories}),
+            "wrote_the_script": sum(agent_ids(t) == episode.agent_ids for t in vllm.trajectories),
+            "masks_equal": all(list(t.producers) == recorder.producers[r] for r, t in enumerate(vllm.trajectories)),
+            "batch_equal": batch_matches(vllm_batch, vllm.trajectories),
+            "hf_equal": sum(same_record(a, b) for a, b in zip(vllm.trajectories, hf.trajectories)),
+            "hf_batch_equal": (vllm_batch.input_ids.shape == hf_batch.input_ids.shape
+                               and bool((vllm_batch.input_ids == hf_batch.input_ids).all())
+                               and bool((vllm_batch.trained_mask == hf_batch.trained_mask).all())),
+            "min_agent_logprob": min(agent_logprobs),
+            "logprobs_on_agent_only": all(lp == 0.0 for lps, t in zip(vllm.sampled_logprobs, vllm.trajectories)
+                                          for lp, p in zip(lps, t.producers) if p != AGENT),
+        }
+        env.close()
+    factory.engine.close()
+    return result
+
+
+def check_prefill_budget() -> dict:
+    """A sampled rollout whose first turn holds more prompt tokens than one engine step may take (a
+    512-token step, 16 distinct prompts of about 280 tokens). Every request is seeded, and vLLM's CPU
+    backend fails a seeded request whose prompt is prefilled over several steps (see ``VLLMEngine``)."""
+    from agents.policies.policy import HFPolicy
+    from tests.agents.rollout.scripted_lm import script_episode, scripted_lm
+
+    codec = as_codec(None)
+    questions = list(range(16))
+    env = BatchSearchQAEnv(len(questions), protocol="search-r1", tokenizer=codec, max_new_tokens=32, max_context=512)
+    prompts = [env.envs[0].first_observation(env.examples[q])[0]["token_ids"] for q in questions]
+    episode = script_episode(env.protocol, codec, prompts)
+    policy = HFPolicy(scripted_lm(episode, codec), codec)
+    engine = VLLMEngine(policy, memory_fraction=MEMORY, max_model_len=512, max_num_batched_tokens=512)
+    rollout = collect_rollouts(engine.agent(temperature=1.0, seed=5), env, questions)
+    result = {
+        "prompt_tokens": sum(map(len, prompts)),
+        "step_budget": engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens,
+        "episodes": len(rollout.trajectories),
+        "wrote_the_script": sum(agent_ids(t) == episode.agent_ids for t in rollout.trajectories),
+        "multi_turn": sum(multi_turn(t) for t in rollout.trajectories),
+    }
+    engine.close()
+    env.close()
+    return result
+
+
 def check_grpo() -> dict:
     from agents.training.build import build_trainer
     from agents.training.config import EnvConfig, EvalConfig, RolloutConfig, RunConfig, TrainConfig
@@ -164,7 +276,8 @@ def check_grpo() -> dict:
             "metric_keys": sorted(k for k in steps[0] if k.startswith(("rollout", "time/")))}
 
 
-CHECKS = {"sync": check_sync, "protocols": check_protocols, "grpo": check_grpo}
+CHECKS = {"sync": check_sync, "protocols": check_protocols, "multi_turn": check_multi_turn,
+          "prefill_budget": check_prefill_budget, "grpo": check_grpo}
 
 if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("VLLM_CHECK_THREADS", "2")))
