@@ -145,7 +145,7 @@ class ServerProcess:
             try:
                 requests.get(f"{self.url}/health", timeout=1.0).raise_for_status()
                 return
-            except (requests.ConnectionError, requests.HTTPError):  # not up yet, or building its index (503)
+            except (requests.ConnectionError, requests.HTTPError, requests.Timeout):  # not up yet, building (503), or slow to answer
                 if time.monotonic() > deadline:
                     self.stop()
                     raise TimeoutError(f"the server did not start within {startup_s} s") from None

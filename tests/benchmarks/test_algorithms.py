@@ -1,0 +1,217 @@
+"""The RL algorithm benchmark: its collapse rule on curves worked out by hand, equal sample budgets and
+shared settings across the algorithms, the warm-start cache, the KL probe, and a --quick run whose
+tables agree with the runs' own metrics.jsonl."""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks.collapse import collapse_step, rolling_mean
+from tests.conftest import skip_without
+
+AGENTS_EXTRA = ("agents", "torch", "transformers", "yaml", "matplotlib")
+
+#: The --quick run made smaller still: a 50-question world, a 2-step warm start, 2 steps of 2 x 2 episodes.
+TINY = ["run.steps=2", "eval.every=1", "eval.questions=2", "warm_start.steps=2", "warm_start.examples=16", "warm_start.copy_steps=1",
+        "data.world_size=50", "data.world_scale=1", "rollout.questions_per_step=2", "algorithm.group_size=2",
+        "rollout.env_worker=false"]
+
+
+# --- the collapse rule -----------------------------------------------------------------------------
+
+
+def test_rolling_mean_is_trailing_and_shorter_at_the_start() -> None:
+    assert rolling_mean([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert rolling_mean([3.0, 6.0], 5) == [3.0, 4.5]
+    with pytest.raises(ValueError, match="window"):
+        rolling_mean([1.0], 0)
+
+
+def test_a_curve_that_falls_below_half_its_peak_and_stays_there_collapses_where_the_fall_begins() -> None:
+    # rolling means (window 3): .2 .3 .4 .6 .733 .8 .567 .3 .033 0; peak .8, threshold .4: the last mean at
+    # or above it is the 7th (step 7), so the stretch below starts at step 8 and holds 3 steps
+    values = [0.2, 0.4, 0.6, 0.8, 0.8, 0.8, 0.1, 0.0, 0.0, 0.0]
+    assert collapse_step(list(range(1, 11)), values, fraction=0.5, window=3) == 8
+    # a stricter fraction, threshold .16: the last mean at or above it is .3 (step 8), leaving two steps < window
+    assert collapse_step(list(range(1, 11)), values, fraction=0.2, window=3) is None
+    # window 2: means .2 .3 .5 .7 .8 .8 .45 .05 0 0; below .16 from step 8 on, three steps
+    assert collapse_step(list(range(1, 11)), values, fraction=0.2, window=2) == 8
+
+
+def test_a_dip_that_recovers_a_late_fall_and_a_curve_that_never_rose_are_not_collapses() -> None:
+    steps = list(range(12))
+    assert collapse_step(steps, [0.8] * 4 + [0.0] * 4 + [0.8] * 4, fraction=0.5, window=2) is None
+    assert collapse_step(steps[:10], [0.8] * 8 + [0.0] * 2, fraction=0.5, window=3) is None  # 1 step below < window
+    assert collapse_step(steps, [0.0] * 12, fraction=0.5, window=3) is None
+    assert collapse_step(steps[:3], [-1.0, -2.0, -3.0], fraction=0.5, window=1) is None
+
+
+def test_missing_points_are_left_out_and_bad_arguments_refused() -> None:
+    # points kept: (1, 1) (3, 1) (4, 0) (5, 0) (6, 0); window 1: from step 4 on below 0.5
+    assert collapse_step([1, 2, 3, 4, 5, 6], [1.0, None, 1.0, 0.0, float("nan"), 0.0], fraction=0.5, window=1) == 4
+    with pytest.raises(ValueError, match="fraction"):
+        collapse_step([1], [1.0], fraction=1.0, window=1)
+    with pytest.raises(ValueError, match="2 steps but 1 values"):
+        collapse_step([1, 2], [1.0], fraction=0.5, window=1)
+
+
+# --- the algorithms' configs -----------------------------------------------------------------------
+
+
+def test_every_algorithm_gets_the_same_episodes_per_step_the_shared_settings_and_its_own() -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import VARIANTS, variant_config
+    from benchmarks.learning import demo_config
+
+    base = demo_config(["algorithm.kl_coef=0.002", "algorithm.clip_low=0.1"])
+    episodes = base.rollout.questions_per_step * base.algorithm.group_size
+    configs = {v.name: variant_config(base, v, seed=3, policy_dir="/cache/policy", output_dir=f"/out/{v.name}") for v in VARIANTS}
+    assert set(configs) == {"ppo", "grpo", "dr-grpo", "dapo", "reinforce++", "reinforce++-baseline"}
+    for name, config in configs.items():
+        assert config.rollout.questions_per_step * config.algorithm.group_size == episodes, name
+        assert (config.algorithm.kl_coef, config.algorithm.clip_low) == (0.002, 0.1), name
+        assert (config.model.name, config.warm_start.steps, config.run.seed) == ("/cache/policy", 0, 3), name
+        assert config.run.log_entropy and config.optim == base.optim and config.env == base.env, name
+    assert {n: c.algorithm.group_size for n, c in configs.items()} == {
+        "ppo": 1, "reinforce++": 1, "grpo": 8, "dr-grpo": 8, "dapo": 8, "reinforce++-baseline": 8}
+    assert configs["ppo"].algorithm.critic == "separate" and configs["ppo"].algorithm.critic_lr == pytest.approx(1e-3)
+    dr, dapo = configs["dr-grpo"].algorithm, configs["dapo"].algorithm
+    assert (dr.scale_rewards, dr.loss_agg_mode) == (False, "seq-mean-token-sum-norm")
+    assert (dapo.clip_high, dapo.dynamic_sampling, dapo.dynamic_sampling_rounds, dapo.overlong_buffer) == (0.28, True, 1, 19)
+    assert configs["grpo"].algorithm.clip_high == base.algorithm.clip_high and configs["grpo"].algorithm.scale_rewards
+
+
+def test_a_recipe_a_grouped_algorithm_cannot_run_is_refused_before_anything_trains(capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--algorithms", "ppo", "grpo", "--set", "algorithm.group_size=1", "rollout.questions_per_step=4"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "group_size must be >= 2" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--seeds", "1", "1"])
+    assert exit_info.value.code == 2 and "repeats a seed" in capsys.readouterr().err
+
+
+# --- the warm-start cache and the KL probe ---------------------------------------------------------
+
+
+def test_the_cached_warm_start_is_the_trainers_warm_start_saved_once(tmp_path: Path) -> None:
+    skip_without(*AGENTS_EXTRA)
+    import torch
+
+    from agents.policies.loading import load_policy
+    from agents.training.build import build_trainer
+    from benchmarks.learning import demo_config
+    from benchmarks.policy_cache import RECORD_FILE, cached_warm_start
+    from benchmarks.warm_cache import warm_started
+
+    config = demo_config([*TINY, f"run.output_dir={tmp_path / 'run'}"])
+    made = cached_warm_start(config, tmp_path / "cache", log=lambda line: None)
+    again = cached_warm_start(config, tmp_path / "cache", log=lambda line: None)
+    other = cached_warm_start(config.updated({"run.seed": 1}), tmp_path / "cache", log=lambda line: None)
+    assert (made.reused, again.reused, other.reused) == (False, True, False)
+    assert again.policy_dir == made.policy_dir != other.policy_dir and made.stats["sft/steps"] == 2
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([made.digest, other.digest])  # no partial folders
+
+    trainer = build_trainer(config)  # the same warm start, in the trainer's own backend
+    warm_started(trainer.backend, config, trainer.env, None)
+    loaded = load_policy(str(made.policy_dir))
+    live = trainer.policy.state_dict()
+    assert all(torch.equal(live[name], value) for name, value in loaded.state_dict().items())
+    text = "<search> who founded Zarbo </search><answer> Bob </answer>"
+    assert loaded.codec.encode(text) == trainer.policy.codec.encode(text) and loaded.codec.eos_ids == trainer.policy.codec.eos_ids
+    trainer.close_environments()
+
+    record = made.policy_dir.parent / RECORD_FILE
+    record.write_text(record.read_text().replace('"seed": 0', '"seed": 7'))
+    with pytest.raises(ValueError, match="other settings"):
+        cached_warm_start(config, tmp_path / "cache")
+
+
+def test_the_kl_probe_is_zero_against_itself_and_positive_against_another_policy() -> None:
+    skip_without(*AGENTS_EXTRA)
+    import copy
+
+    import torch
+
+    from agents.policies.config import ModelConfig
+    from agents.policies.loading import load_policy
+    from agents.rollout.collect import collect_rollouts
+    from agents.rollout.hf_sampler import HFSampler
+    from benchmarks.algorithms import kl_to_reference
+    from search_env import BatchSearchQAEnv
+
+    policy = load_policy(ModelConfig(tiny_layers=1, tiny_hidden=32, tiny_heads=2))
+    env = BatchSearchQAEnv(3, tokenizer=policy.codec, max_new_tokens=8)
+    trajectories = collect_rollouts(HFSampler(policy, seed=0), env, [0, 1, 2]).trajectories
+    env.close()
+    assert kl_to_reference(policy, policy, trajectories, temperature=1.0) == 0.0
+    other = copy.deepcopy(policy)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    kl = kl_to_reference(policy, other, trajectories, temperature=1.0)
+    assert kl is not None and kl > 0
+    assert kl_to_reference(policy, other, trajectories, temperature=1.0, rows_per_pass=1) == pytest.approx(kl, rel=1e-5)
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _heldout_em(record: dict) -> float:
+    """Greedy EM over every held-out question of an evaluation record, from the per-hop means."""
+    hops = [key.split("/")[2] for key in record if key.startswith("eval/greedy/") and key.endswith("/em")]
+    episodes = [record[f"eval/greedy/{h}/episodes"] for h in hops]
+    return sum(record[f"eval/greedy/{h}/em"] * n for h, n in zip(hops, episodes)) / sum(episodes)
+
+
+def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import METRICS, main
+
+    out = tmp_path / "out"
+    assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--cache-dir",
+                 str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "run 2/2: reinforce++ seed 0, 4 questions x 1 per step, 2 steps" in printed
+    for name in ("table.md", "table.csv", "runs.csv", "results.json"):
+        assert (out / name).stat().st_size > 0
+    for metric in METRICS:
+        assert (out / f"{metric}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((out / "results.json").read_text())
+    assert (out / "table.md").read_text() == printed.split("\n\n")[-1].split("\ntable: ")[0] + "\n"
+    assert [(r["algorithm"], r["seed"]) for r in results["runs"]] == [("grpo", 0), ("reinforce++", 0)]
+    start_ems = set()
+    for run in results["runs"]:
+        records = _metrics(Path(run["output_dir"]))
+        steps = [r for r in records if "stage" not in r]
+        assert [r["step"] for r in steps] == [p["step"] for p in run["steps"]] == [1, 2]
+        for logged, kept in zip(steps, run["steps"]):
+            for key in ("reward", "searches", "response_tokens", "entropy"):
+                assert kept[key] == logged[key], key
+        evaluations = [r for r in records if any(k.startswith("eval/greedy/") for k in r)]
+        assert [_heldout_em(r) for r in evaluations] == pytest.approx([p["heldout_em"] for p in run["evaluations"]])
+        assert [p["stage"] for p in run["evaluations"]] == ["start", None, "final"]
+        assert run["episodes"] == 2 * 4  # the same budget: 2 steps of 4 episodes, grouped or not
+        start_ems.add(run["evaluations"][0]["heldout_em"])
+    assert len(start_ems) == 1  # both start from the same cached warm start
+    with open(out / "table.csv", newline="") as handle:
+        table = {row["algorithm"]: row for row in csv.DictReader(handle)}
+    for run in results["runs"]:
+        rewards = [r["reward"] for r in _metrics(Path(run["output_dir"])) if "stage" not in r][-2:]
+        final = [p["heldout_em"] for p in run["evaluations"] if p["stage"] == "final"][0]
+        row = table[run["algorithm"]]
+        assert float(row["reward_mean"]) == pytest.approx(statistics.fmean(rewards))
+        assert float(row["heldout_em_mean"]) == pytest.approx(final) and float(row["reward_std"]) == 0.0
+        assert row["episodes_per_step"] == "4"
+    assert results["warm_starts"]["0"]["reused"] is False and results["machine"]["cores"] >= 1
