@@ -12,6 +12,11 @@ Agents (--agents, several side by side):
   endpoint:URL#MODEL                        an OpenAI-compatible completions server (key: --api-key-env)
   module:Name                               a scripted agent class (start, next_text) or a RolloutAgent
                                             class or factory (begin, generate, feed, finish)
+  BASELINE:LLM                              an LLM baseline of the papers' tables (agents.baselines):
+                                            direct, cot, naive-rag, ircot, oracle-passages (reads the gold
+                                            passages: an upper bound) or protocol (the protocol's own
+                                            prompt), over LLM = smollm2, tiny, a folder, hf:MODEL or
+                                            endpoint:URL#MODEL; e.g. ircot:smollm2
 Datasets (--dataset, several): synthetic; nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle (the
   FlashRAG files in --data-dir, else $SEARCHQA_DATA, else ../shared/data); or a jsonl/parquet path. The
   first --episodes questions of each are asked. Real questions are searched with --retriever bm25|dense
@@ -89,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate", description=__doc__, formatter_class=HelpFormatter)
     what = parser.add_argument_group("what to evaluate")
     what.add_argument("--agents", "--agent", nargs="+", default=list(SCRIPTED), metavar="AGENT",
-                      help="scripted names, hf:MODEL, a model folder, endpoint:URL#MODEL or module:Name")
+                      help="scripted names, hf:MODEL, a model folder, endpoint:URL#MODEL, module:Name or BASELINE:LLM")
     what.add_argument("--dataset", "--datasets", nargs="+", default=[SYNTHETIC], metavar="DATASET",
                       help=f"{SYNTHETIC}, a short name ({', '.join(DATASET_FILES)}) or a FlashRAG jsonl / Search-R1 parquet path")
     what.add_argument("--data-dir", type=Path, default=None,

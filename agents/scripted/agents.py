@@ -4,9 +4,9 @@ Each agent writes text in the protocol's own dialect (:class:`DialectWriter`) an
 environment as a chunk of token ids, exactly like an LLM rollout that stops at the protocol's stop
 strings. They differ in what they write:
 
-* :class:`OracleAgent` follows the synthetic world's gold decomposition (one search per sub-question,
-  parents' gold answers substituted) and answers with the gold answer: the ceiling of a protocol and
-  a check that the environment, sources and reward agree;
+* :class:`OracleAgent` follows the gold decomposition (one search per sub-question, parents' gold
+  answers substituted), or where there is none searches for the gold passages, and answers with the
+  gold answer: the ceiling of a protocol and a check that the environment, sources and reward agree;
 * :class:`RetrieveThenAnswerAgent` searches the question once and answers with the top passage's title;
 * :class:`NoSearchAgent` answers at once from the question alone.
 """
@@ -16,13 +16,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol as TypingProtocol
 
-from search_env.data.example import QAExample
+from search_env.data.example import QAExample, SubQuestion
 from search_env.protocols import Protocol
 from search_env.trajectory import Trajectory
 
-__all__ = ["DialectWriter", "ScriptedAgent", "OracleAgent", "RetrieveThenAnswerAgent", "NoSearchAgent", "run_episode"]
+__all__ = ["DialectWriter", "ScriptedAgent", "OracleAgent", "RetrieveThenAnswerAgent", "NoSearchAgent", "gold_contexts",
+           "run_episode"]
 
 _DAG_TOOLS = {"wiki": "General", "news": "News", "papers": "Academy"}
+#: Node labels of the plans the oracle writes for gold passages.
+_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 @dataclass(frozen=True)
@@ -91,17 +94,29 @@ def run_episode(env: Any, agent: ScriptedAgent, *, seed: int | None = None, opti
 
 class OracleAgent:
     """Searches every sub-question of the gold decomposition that needs a search (parents' gold
-    answers substituted) and answers with the gold answer. Without a decomposition it answers at once.
+    answers substituted) and answers with the gold answer.
 
     A sub-question needs a search unless the dataset names the sources of its sub-questions and
     names none for this one, which has parents: the synthetic world's comparisons and yes/no checks,
     answered from their parents' answers. MuSiQue names no sources, so each of its steps is searched.
+
+    A question without a decomposition but with gold passages (HotpotQA, 2Wiki and PopQA rows'
+    supporting contexts, :func:`gold_contexts`) is answered after one search per gold passage, by its
+    title - under an NL-DAG protocol, a plan of one node per passage - so the oracle shows what finding
+    the gold passages earns; the evidence it cites is their text. A question with neither is answered
+    at once.
     """
 
     def start(self, example: QAExample) -> None:
         self._example = example
-        names_sources = any(n.source is not None for n in example.decomposition)
-        self._queue = [n for n in example.decomposition if n.source is not None or not n.parents or not names_sources]
+        contexts = [] if example.decomposition else gold_contexts(example)
+        if contexts:
+            self._queue = [SubQuestion(label, c["title"], "") for label, c in zip(_LABELS, contexts)]
+            self._evidence = " ".join(c["text"] for c in contexts)
+        else:
+            names_sources = any(n.source is not None for n in example.decomposition)
+            self._queue = [n for n in example.decomposition if n.source is not None or not n.parents or not names_sources]
+            self._evidence = " ".join(n.answer for n in example.decomposition)
         self._planned = False
 
     def next_text(self, writer: DialectWriter, observation_text: str) -> str | None:
@@ -118,8 +133,18 @@ class OracleAgent:
         if self._queue:
             node = self._queue.pop(0)
             return writer.think(f"I need: {node.query}") + writer.call(_substitute(node.query, answers))
-        evidence = " ".join(n.answer for n in ex.decomposition)
-        return writer.think("I have what I need.") + writer.answer(ex.golden_answers[0], evidence=evidence)
+        return writer.think("I have what I need.") + writer.answer(ex.golden_answers[0], evidence=self._evidence)
+
+
+def gold_contexts(example: QAExample) -> list[dict[str, Any]]:
+    """The example's supporting contexts (``metadata["contexts"]`` rows flagged ``is_supporting``, as
+    the FlashRAG loaders keep them), one per title, in the dataset's order."""
+    contexts = example.metadata.get("contexts") or []
+    kept: dict[str, dict[str, Any]] = {}
+    for context in contexts:
+        if context.get("is_supporting") and context.get("title") and context["title"] not in kept:
+            kept[context["title"]] = context
+    return list(kept.values())
 
 
 class RetrieveThenAnswerAgent:

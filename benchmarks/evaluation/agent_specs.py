@@ -7,8 +7,13 @@ Every agent plays through :func:`agents.rollout.collect.collect_rollouts` as a
   ``no-search``; ``hf:MODEL`` (a local ``transformers`` model folder, a trained run's ``policy/``
   folder, ``tiny`` or ``smollm2``, sampled with :class:`~agents.rollout.hf_sampler.HFSampler`);
   ``endpoint:URL#MODEL`` (an OpenAI-compatible completions server, e.g.
-  ``endpoint:http://localhost:8000/v1#Qwen/Qwen2.5-3B-Instruct``). A kind takes its argument after the
-  first colon; :func:`register_agent_kind` adds one (named baselines, later, are kinds);
+  ``endpoint:http://localhost:8000/v1#Qwen/Qwen2.5-3B-Instruct``); the LLM baselines
+  (:mod:`agents.baselines`) as ``BASELINE:LLM``: ``direct``, ``cot``, ``naive-rag``, ``ircot``,
+  ``oracle-passages``, and ``protocol`` (the LLM under the environment's own prompt, i.e. ``hf:``/
+  ``endpoint:``), where LLM is ``smollm2``, ``tiny``, a model folder, ``hf:MODEL`` or
+  ``endpoint:URL#MODEL`` (e.g. ``ircot:smollm2``, ``cot:endpoint:http://localhost:8000/v1#my-model``):
+  the same model, engine and decoding in every row. A kind takes its argument after the first colon;
+  :func:`register_agent_kind` adds one;
 - an existing folder: the same as ``hf:FOLDER``;
 - ``module:Name``: a scripted agent class (``start`` and ``next_text``, one instance per episode), or a
   rollout agent: a class with ``begin``/``generate``/``feed``/``finish``, or a function returning such
@@ -27,10 +32,11 @@ import importlib
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
-from agents.rollout.agent import RolloutAgent
+from agents.baselines import BASELINES, Baseline, BaselineAgent, NoGoldPassages, RolloutTextGenerator, TextGenerator
+from agents.rollout.agent import Chunk, RolloutAgent
 from agents.scripted import NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedRolloutAgent
 
 from benchmarks.evaluation import HarnessError
@@ -139,9 +145,30 @@ def _endpoint_kind(name: str, argument: str | None) -> AgentLoader:
     return lambda options: _load_endpoint(name, url, model, options)
 
 
+def _llm_kind(name: str, argument: str | None) -> AgentLoader:
+    """The LLM of a baseline spec ``BASELINE:LLM``: ``hf:MODEL``, ``endpoint:URL#MODEL``, or a bare model."""
+    if not argument:
+        raise ValueError(f"agent {name!r}: give {name.partition(':')[0]}:LLM, where LLM is smollm2, tiny, a model folder, "
+                         "hf:MODEL or endpoint:URL#MODEL")
+    engine, colon, rest = argument.partition(":")
+    if colon and engine in ("hf", "endpoint"):
+        return (_hf_kind if engine == "hf" else _endpoint_kind)(name, rest)
+    return _hf_kind(name, argument)
+
+
+def _baseline_kind(baseline: str) -> AgentKind:
+    def parse(name: str, argument: str | None) -> AgentLoader:
+        load_llm = _llm_kind(name, argument)  # builds the LLM's agent, named ``name``: the protocol row
+        if baseline == "protocol":
+            return load_llm
+        return lambda options: _load_baseline(name, baseline, load_llm(options))
+    return parse
+
+
 #: Agent kinds by name (the part of a spec before its first colon).
 AGENT_KINDS: dict[str, AgentKind] = {**{key: _scripted_kind(cls) for key, cls in SCRIPTED.items()},
-                                     "hf": _hf_kind, "endpoint": _endpoint_kind}
+                                     "hf": _hf_kind, "endpoint": _endpoint_kind,
+                                     **{key: _baseline_kind(key) for key in ("protocol", *BASELINES)}}
 
 
 def register_agent_kind(name: str, kind: AgentKind, *, replace: bool = False) -> None:
@@ -268,3 +295,26 @@ def _load_endpoint(name: str, url: str, model: str, options: AgentOptions) -> Ev
                                         extra_body=None if decoding.greedy else {"seed": seed})
 
     return EvalAgent(name, build, seeded=not decoding.greedy, decoding=decoding.describe())
+
+
+def _load_baseline(name: str, baseline: str, llm: EvalAgent) -> EvalAgent:
+    """The baseline ``baseline`` played by the LLM ``llm`` (its engine, decoding and seeds)."""
+
+    def build(seed: int) -> RolloutAgent:
+        return _HarnessBaselineAgent(name, BASELINES[baseline](), RolloutTextGenerator(llm.build(seed)))
+
+    return EvalAgent(name, build, seeded=llm.seeded, decoding=llm.decoding, release=llm.release)
+
+
+class _HarnessBaselineAgent(BaselineAgent):
+    """A baseline agent whose questions lacking gold passages stop the run in one line."""
+
+    def __init__(self, name: str, baseline: Baseline, llm: TextGenerator) -> None:
+        super().__init__(baseline, llm)
+        self.name = name
+
+    def generate(self, rows: Sequence[int], budgets: Sequence[int]) -> list[Chunk]:
+        try:
+            return super().generate(rows, budgets)
+        except NoGoldPassages as exc:
+            raise HarnessError(f"agent {self.name!r}: {exc}") from None

@@ -1,5 +1,6 @@
 """The rooms of ``agents`` import one way: policies <- rollout <- scripted and learners <- training <- the
-``agents.train`` command; and no package of the library imports ``benchmarks``."""
+``agents.train`` command, and scripted <- baselines (the LLM baselines write the scripted agents' dialect);
+and no package of the library imports ``benchmarks``."""
 from __future__ import annotations
 
 import ast
@@ -16,6 +17,7 @@ ALLOWED = {
     "scripted": {"rollout"},
     "learners": {"rollout"},
     "training": {"policies", "rollout", "scripted", "learners"},
+    "baselines": {"rollout", "scripted"},
 }
 
 

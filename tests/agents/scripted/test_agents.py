@@ -2,6 +2,8 @@
 sub-question that needs a search."""
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import pytest
 
@@ -132,3 +134,49 @@ def test_oracle_searches_each_musique_step_on_real_data(shared_data) -> None:
         traj = run_episode(env, OracleAgent(), seed=0, options={"index": i})
         assert len(traj.tool_calls) == len(example.decomposition) >= 2
         assert traj.reward == 1.0
+
+
+HOTPOT_LIKE = QAExample("h1", "Were Ann Ray and Bo Lee of the same nationality?", ["yes"], metadata={"contexts": [
+    {"title": "Ann Ray (film)", "text": "Ann Ray is a 1990 film.", "is_supporting": False},
+    {"title": "Ann Ray", "text": "Ann Ray is an American director.", "is_supporting": True},
+    {"title": "Bo Lee", "text": "Bo Lee was an American writer.", "is_supporting": True},
+]})  # HotpotQA has no decomposition: its gold passages are the supporting contexts
+
+
+@pytest.mark.parametrize("protocol", ["search-r1", "r1-searcher", "research", "r-search"])
+def test_oracle_without_a_decomposition_searches_its_gold_passages_by_title(protocol: str) -> None:
+    source = CountingSource()
+    traj = run_episode(SearchQAEnv(protocol, dataset=[HOTPOT_LIKE], sources=source), OracleAgent(), seed=0)
+    assert source.calls == [["Ann Ray"], ["Bo Lee"]]
+    assert traj.answer is not None and "yes" in traj.answer
+    if protocol == "r-search":  # the evidence it cites is the gold passages' text
+        evidence = "Ann Ray is an American director. Bo Lee was an American writer."
+        assert f"<original_evidence> {evidence} </original_evidence>" in traj.response_text
+
+
+def test_oracle_without_a_decomposition_plans_one_node_per_gold_passage() -> None:
+    source = CountingSource("wiki")
+    traj = run_episode(SearchQAEnv("reasoning-search", dataset=[HOTPOT_LIKE], sources={"wiki": source}), OracleAgent(), seed=0)
+    assert "Nodes:\nA: Ann Ray (General)\nB: Bo Lee (General)\n</search>" in traj.response_text
+    assert sorted(q for call in source.calls for q in call) == ["Ann Ray", "Bo Lee"]
+    assert traj.reward_components["dag_valid"] and traj.reward == 1.0
+
+
+@pytest.mark.parametrize("protocol", ["search-r1", "reasoning-search"])
+def test_on_hotpotqa_the_oracle_finds_its_gold_passages_and_outscores_title_copying(shared_data, protocol: str) -> None:
+    from agents import RetrieveThenAnswerAgent
+    from search_env.data.loaders import load_dataset
+    from search_env.sources.bm25 import BM25Source
+
+    examples = list(load_dataset(str(shared_data / "hotpotqa_dev.jsonl")))[:40]
+    env = SearchQAEnv(protocol, dataset=examples, sources=BM25Source(shared_data / "corpus.jsonl", name="wiki"))
+    oracle = [run_episode(env, OracleAgent(), seed=0, options={"index": i}) for i in range(len(examples))]
+    copier = [run_episode(env, RetrieveThenAnswerAgent(), seed=0, options={"index": i}) for i in range(len(examples))]
+    if protocol == "reasoning-search":  # a plan of one node per gold passage, never an empty one
+        assert [len(re.findall(r"^[A-Z]: ", t.tool_calls[0].content, re.M)) for t in oracle] == [2] * len(examples)
+    assert all(len(t.tool_calls) == (1 if protocol == "reasoning-search" else 2) for t in oracle)
+    retrieved = [set(ex.gold_passage_ids) <= {p for call in t.tool_calls for p in call.passage_ids}
+                 for ex, t in zip(examples, oracle)]
+    assert sum(retrieved) >= 0.8 * len(examples)  # a title finds its passage
+    assert all(t.reward == 1.0 for t in oracle)
+    assert sum(t.reward for t in oracle) > sum(t.reward for t in copier)
