@@ -6,8 +6,9 @@ global batch, side by side::
 
 Per rank it reports the median update time (score + advantages + one optimiser step over two
 micro-batches per rank), the bytes of parameters and optimiser state the rank holds (its parameter shards
-or whole parameters, the AdamW moments and any fp32 partition of its own), its peak resident memory, and
-the summed loss of the update (the same for all three: the maths do not change with the ranks).
+or whole parameters, the AdamW moments and any master-weight partition of its own, each storage once;
+all three train in fp32), its peak resident memory, and the summed loss of the update (the same for all
+three: the maths do not change with the ranks).
 """
 from __future__ import annotations
 
@@ -27,20 +28,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _held_bytes(backend) -> int:
-    """Bytes of parameters and optimiser state this process holds."""
+    """Bytes of parameters and optimiser state this process holds: every storage behind the parameters
+    (whole ones, a ZeRO-3 engine's shards and the whole copies it keeps of small persistent parameters),
+    the optimiser's state and the engine's master-weight partitions, each storage counted once (in fp32 a
+    master partition is the buffer of the parameter partition it belongs to: see share_master_weights)."""
     import torch
 
     seen: set[int] = set()
     total = 0
 
-    def add(t: torch.Tensor) -> None:
+    def add(t: torch.Tensor | None) -> None:
         nonlocal total
-        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen and t.numel():
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
 
     for p in backend.policy.parameters():
-        add(getattr(p, "ds_tensor", None) if getattr(p, "ds_tensor", None) is not None else p.data)
+        add(p.data)
+        add(getattr(p, "ds_tensor", None))
     optimizer = getattr(backend, "client_optimizer", None) or backend.optimizer
     for state in optimizer.state.values():
         for value in state.values():

@@ -27,6 +27,11 @@ The maths of a step stay those of one process:
   off: :meth:`step` is the accumulation boundary) nor average it over ranks: the loss is multiplied by the
   world size, which the engine's data-parallel mean divides back out, so the gradient is the sum over
   ranks of the shares - the full batch's gradient;
+* DAPO's dynamic sampling drops each rank's own all-equal groups, so ranks may hold different numbers of
+  rows (none, even): every rank still runs as many optimiser steps and micro-batch passes as the rank with
+  the most, the missing ones idle passes of zero loss (:mod:`agents.training.update`), because the
+  engine's gathers and reductions are collectives; the trainer's refill rounds run on every rank while
+  any is short of groups;
 * the learning-rate schedule counts training steps (:meth:`finish_step`), as :class:`TorchBackend`'s does.
 
 The DeepSpeed config is derived from the run's (:func:`deepspeed_config`): micro batch, clipping, ZeRO
@@ -36,26 +41,45 @@ whose keys override the derived ones (nested groups merged key by key). No ``"au
 Under ZeRO-3 the parameters are sharded: :meth:`generation` gathers them whole for the HF sampler's
 decoding (with the engine's per-module hooks lifted meanwhile, so that decoding, whose length differs
 from rank to rank, runs no collective) and shards them again after. The frozen reference is sharded too
-(a ZeRO-3 engine without optimiser); under ZeRO-2 it is a whole copy (stage 0). PPO's separate critic is
-refused (``algorithm.critic: head`` trains a value head with the policy).
+(a ZeRO-3 engine without optimiser); under ZeRO-2 it is a whole copy (stage 0). Without mixed precision
+(fp32 on a CPU) the engine's master weights are the parameter partition itself, not a copy of it
+(:func:`share_master_weights`): a rank holds its parameters (ZeRO-2: whole; ZeRO-3: its shard) and its
+shard of the AdamW moments, nothing more.
+
+PPO's separate critic (``algorithm.critic: separate``) is a second engine at the same ZeRO stage, with its
+own AdamW, learning rate and warm-up (``algorithm.critic_lr``, ``critic_warmup_*``), as
+:class:`TorchBackend`'s critic; it only runs forward and backward passes (nothing gathers it). The
+learner's one loss reaches it through a leaf copy of its values, whose gradient :meth:`backward` passes on
+to the critic's engine, so that each engine's backward covers its own graph and reduces its own gradients.
+
+A warm start (``warm_start.steps``, ``copy_steps``) runs whole on every rank, on the same demonstrations
+(see :meth:`DeepSpeedBackend.supervised`): its gradient is the batch's on every rank, so all ranks end
+it with the weights one process gets, and a step whose loss differs between ranks is refused.
 
 Checkpoints go through the engine's own ``save_checkpoint``/``load_checkpoint`` (one file per rank for
-the sharded states) into the backend's folder, with the schedule's position in its client state.
+the sharded states) into the backend's folder, with the schedule's position in its client state; a
+separate critic's engine saves under its own tag (``critic/``), with its schedule.
+
+With LoRA adapters (``model.lora_rank``) only the adapters are in the optimiser, the reference is the
+policy's own base with its adapters off (no copy, no second engine), and the engine's checkpoints leave
+the frozen base out (it is loaded again from ``model.name``).
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
 import socket
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from agents.learners.config import warmup_steps
-from agents.policies.policy import HFPolicy, PolicyOutput
+from agents.policies.policy import HFPolicy, PolicyOutput, ValueModel
 from agents.rollout.batch import TrainBatch
 from agents.training.backend import TrainingBackend, _linear_warmup, register_backend
 from agents.training.config import TrainConfig
@@ -67,6 +91,8 @@ __all__ = ["DeepSpeedBackend", "deepspeed_config", "import_deepspeed"]
 
 #: The tag of the engine's checkpoint inside the backend's folder.
 ENGINE_TAG = "engine"
+#: The tag of the separate critic's engine checkpoint (PPO with ``algorithm.critic: separate``).
+CRITIC_TAG = "critic"
 
 
 def import_deepspeed() -> Any:
@@ -142,7 +168,9 @@ def _auto_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
 
 def init_distributed(deepspeed: Any, on_gpu: bool) -> None:
     """Join the launcher's process group (torchrun's or DeepSpeed's environment), or start a group of one
-    when the command was run without a launcher."""
+    when the command was run without a launcher; the group joined here is ended when the process exits
+    (a process that exits with its gloo group alive can abort: "terminate called without an active
+    exception")."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -151,6 +179,41 @@ def init_distributed(deepspeed: Any, on_gpu: bool) -> None:
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
+    atexit.register(_end_process_group)
+
+
+def _end_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def share_master_weights(optimizer: Any) -> None:
+    """Make a ZeRO optimiser's master partitions the very buffers of this rank's parameter partition
+    where the two have the same dtype and device (training without mixed precision, as in fp32 on a CPU),
+    instead of a copy of them.
+
+    Why: with nothing to convert, the copy is a second fp32 image of the partition (4 bytes per parameter
+    over the ranks) that only ever holds the same values: the step writes the master and then copies it
+    into the parameters. DeepSpeed's ZeRO-3 means to share them in that case but compares a
+    ``torch.device`` with a device name (never equal), and ZeRO-2 always clones. Sharing leaves every
+    value, and the engine's own copies between the two (now from a buffer onto itself), as they were.
+    """
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if hasattr(optimizer, "fp32_partitioned_groups_flat"):  # ZeRO-3
+        pairs = list(zip(getattr(optimizer, "fp16_partitioned_groups_flat", []), optimizer.fp32_partitioned_groups_flat))
+    elif hasattr(optimizer, "single_partition_of_fp32_groups"):  # ZeRO-1/2
+        import torch.distributed as dist
+
+        pairs = [(partitions[dist.get_rank(group=group)], master) for partitions, master, group in
+                 zip(optimizer.parallel_partitioned_bit16_groups, optimizer.single_partition_of_fp32_groups,
+                     optimizer.real_dp_process_group)]
+    for partition, master in pairs:
+        same_kind = partition is not None and (partition.dtype, partition.device, partition.shape) == \
+            (master.dtype, master.device, master.shape)
+        if same_kind and master.numel() and master.untyped_storage().data_ptr() != partition.untyped_storage().data_ptr():
+            master.data = partition.data
 
 
 def _free_port() -> int:
@@ -161,15 +224,22 @@ def _free_port() -> int:
 
 @register_backend("deepspeed")
 class DeepSpeedBackend(TrainingBackend):
-    """The policy (and a value head) in a DeepSpeed ZeRO engine, one process per device (module docstring).
+    """The policy (and a value head) in a DeepSpeed ZeRO engine, one process per device (module docstring);
+    a separate critic in an engine of its own.
 
     Args:
         policy: the policy to train, not yet sharded.
         config: the run's config (``run.zero_stage``, ``run.deepspeed_config``, the ``optim`` group ...).
+        critic: a separate value model (PPO without a value head), not yet sharded; trained by its own
+            engine and AdamW, at the policy's ZeRO stage, as :class:`TorchBackend` trains its critic.
+        critic_learning_rate: the critic's learning rate (default: the policy's).
+        critic_warmup_steps: training steps of the critic's own linear warm-up.
         with_reference: keep a frozen copy of the policy for KL terms.
     """
 
-    def __init__(self, policy: HFPolicy, config: TrainConfig, *, with_reference: bool = False) -> None:
+    def __init__(self, policy: HFPolicy, config: TrainConfig, *, critic: ValueModel | None = None,
+                 critic_learning_rate: float | None = None, critic_warmup_steps: int = 0,
+                 with_reference: bool = False) -> None:
         super().__init__()
         deepspeed = import_deepspeed()
         from deepspeed.accelerator import get_accelerator
@@ -192,19 +262,23 @@ class DeepSpeedBackend(TrainingBackend):
         hidden = getattr(getattr(policy.model, "config", None), "hidden_size", None)
         self.ds_config = deepspeed_config(config, self._world, on_gpu=on_gpu, bf16_ok=bf16_ok, hidden_size=hidden)
         policy.to(self._device)
-        reference = copy.deepcopy(policy) if with_reference else None  # before the policy's weights are sharded
+        # Before the policy's weights are sharded; a LoRA policy's reference is its base (adapters off), no copy.
+        reference = copy.deepcopy(policy) if with_reference and not policy.has_adapters else None
         optim = config.optim
-        self.client_optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.learning_rate,
-                                                  betas=tuple(optim.adam_betas), weight_decay=optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.client_optimizer, _linear_warmup(warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps)))
-        try:
-            self.engine, self.optimizer, _, _ = deepspeed.initialize(
-                model=policy, optimizer=self.client_optimizer, config=self.ds_config)
-        except (AssertionError, NotImplementedError) as exc:
-            raise ValueError(f"DeepSpeed cannot run ZeRO stage {self.stage} on {self._device.type}: "
-                             f"{' '.join(str(exc).split()) or type(exc).__name__}") from None
+        self.engine, self.client_optimizer, self.scheduler = self._trained_engine(
+            policy, optim.learning_rate, warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps))
+        self.optimizer = self.engine.optimizer
         self.policy = policy
+        self.critic = critic
+        self.critic_engine: Any = None
+        self.critic_optimizer: torch.optim.AdamW | None = None
+        self.critic_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if critic is not None:
+            critic.to(self._device)
+            self.critic_engine, self.critic_optimizer, self.critic_scheduler = self._trained_engine(
+                critic, optim.learning_rate if critic_learning_rate is None else critic_learning_rate, critic_warmup_steps)
+        # (the critic's values, the leaf copy the learner's loss saw) of the last forward under grad: see backward
+        self._critic_pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self.reference: Any = None
         self._with_reference = with_reference
         if reference is not None:
@@ -214,19 +288,35 @@ class DeepSpeedBackend(TrainingBackend):
 
     @classmethod
     def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> DeepSpeedBackend:
-        """Refuses what this backend cannot run with one line: PPO's separate critic, DAPO's refilled
-        rollouts (their row counts differ between ranks) and a world size that does not divide
-        ``rollout.questions_per_step`` (a question's group is never split between ranks)."""
+        """A separate critic (PPO without a value head) starts as a copy of the policy's model, as
+        :meth:`TorchBackend.from_config`'s does. A world size that does not divide
+        ``rollout.questions_per_step`` (a question's group is never split between ranks) is one line."""
+        critic, options = None, {}
         if algorithm.uses_critic and not algorithm.value_head:
-            raise ValueError("run.backend deepspeed does not train PPO's separate critic: use --algorithm.critic head")
-        if getattr(config.algorithm, "dynamic_sampling", False):
-            raise ValueError("run.backend deepspeed does not run GRPO's dynamic_sampling (ranks would keep different row counts)")
+            critic = ValueModel(copy.deepcopy(policy.model))
+            algo = config.algorithm
+            options = {"critic_learning_rate": algo.critic_lr,
+                       "critic_warmup_steps": warmup_steps(algo.critic_warmup_steps, algo.critic_warmup_ratio, config.run.steps)}
         world = int(os.environ.get("WORLD_SIZE", "1"))
         check_world(config, world)
-        if world > 1 and config.warm_start.steps + config.warm_start.copy_steps > 0:
-            raise ValueError("run.backend deepspeed runs a warm start on one process only (every rank would clone the "
-                             "same demonstrations): warm-start on one rank, then train from its policy with --model.name")
-        return cls(policy, config, with_reference=algorithm.uses_reference)
+        return cls(policy, config, critic=critic, with_reference=algorithm.uses_reference, **options)
+
+    def _trained_engine(self, model: torch.nn.Module, learning_rate: float,
+                        warmup: int) -> tuple[Any, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """``model`` in a ZeRO engine with an AdamW of the run's settings at ``learning_rate`` and a linear
+        warm-up over ``warmup`` training steps: (engine, the AdamW the engine steps, its schedule)."""
+        optim = self.config.optim
+        trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA policy's frozen base is not
+        optimizer = torch.optim.AdamW(trained, lr=learning_rate, betas=tuple(optim.adam_betas),
+                                      weight_decay=optim.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _linear_warmup(warmup))
+        try:
+            engine, *_ = import_deepspeed().initialize(model=model, optimizer=optimizer, config=self.ds_config)
+        except (AssertionError, NotImplementedError) as exc:
+            raise ValueError(f"DeepSpeed cannot run ZeRO stage {self.stage} on {self._device.type}: "
+                             f"{' '.join(str(exc).split()) or type(exc).__name__}") from None
+        share_master_weights(engine.optimizer)
+        return engine, optimizer, scheduler
 
     def _frozen(self, model: HFPolicy) -> Any:
         """A frozen copy for reference log-probs: sharded (a ZeRO-3 engine without optimiser) under
@@ -299,19 +389,42 @@ class DeepSpeedBackend(TrainingBackend):
         return self._device
 
     def forward(self, batch: TrainBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
-        return self.engine(batch.input_ids, batch.attention_mask, batch.position_ids,
-                           temperature=self.config.rollout.temperature, with_entropy=with_entropy,
-                           with_values=with_values, from_column=batch.first_trained_column)
+        """The policy engine's outputs; a separate critic's values come from its own engine, and under grad as
+        a leaf copy whose gradient :meth:`backward` hands to that engine (each engine's backward then covers
+        its own graph only, so each reduces exactly its own gradients)."""
+        head_values = with_values and self.critic_engine is None
+        out = self.engine(batch.input_ids, batch.attention_mask, batch.position_ids,
+                          temperature=self.config.rollout.temperature, with_entropy=with_entropy,
+                          with_values=head_values, from_column=batch.first_trained_column)
+        if with_values and self.critic_engine is not None:
+            values = self.critic_engine(batch.input_ids, batch.attention_mask, batch.position_ids)
+            if values.requires_grad:
+                leaf = values.detach().requires_grad_()
+                self._critic_pending = (values, leaf)
+                values = leaf
+            out = replace(out, values=values)
+        return out
 
     @torch.no_grad()
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        if self.reference is None:
+        if not self._with_reference:
             raise RuntimeError("this backend keeps no reference policy (no KL term)")
-        return self.reference(batch.input_ids, batch.attention_mask, batch.position_ids,
-                              temperature=self.config.rollout.temperature,
-                              from_column=batch.first_trained_column).logprobs
+        args = (batch.input_ids, batch.attention_mask, batch.position_ids)
+        options = {"temperature": self.config.rollout.temperature, "from_column": batch.first_trained_column}
+        if self.reference is not None:
+            return self.reference(*args, **options).logprobs
+        training = self.policy.training  # a LoRA policy's base, without dropout as a frozen copy would run
+        self.engine.eval()
+        try:
+            with self.policy.adapters_off():
+                return self.engine(*args, **options).logprobs
+        finally:
+            self.engine.train(training)
 
     def reset_reference(self) -> None:
+        if self._with_reference and self.policy.has_adapters:
+            raise RuntimeError("the reference of a policy with LoRA adapters is its base model (adapters off); "
+                               "it cannot become the adapted policy")
         if self.reference is None:
             return
         if self.stage < 3:
@@ -332,12 +445,26 @@ class DeepSpeedBackend(TrainingBackend):
     # -- optimisation ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         # The loss is this rank's share of the global batch's loss: the engine's data-parallel mean must
-        # become a sum (x world size) and its accumulation scaling is off.
-        self.engine.backward(loss * self._world, scale_wrt_gas=False)
+        # become a sum (x world size) and its accumulation scaling is off. A warm start's loss is the whole
+        # batch's on every rank (see supervised): the mean of the ranks' equal gradients is its gradient.
+        supervised = self._supervised
+        if supervised is not None:
+            supervised["loss"] += float(loss.detach())
+            # The warm start calls the policy's module, not the engine, whose forward is where ZeRO-3 counts
+            # micro-batches: uncounted, every micro-batch's gradient would replace the one before it.
+            self.engine.optimizer.clear_backward_seen_flag()
+        self.engine.backward(loss * self._world if supervised is None else loss, scale_wrt_gas=False)
+        pending, self._critic_pending = self._critic_pending, None
+        if pending is not None:  # the critic's part: d(loss x world)/d(values), carried into its own graph
+            values, leaf = pending
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(values)
+            self.critic_engine.backward((values * grad).sum(), scale_wrt_gas=False)
 
     def step(self) -> float:
         supervised = self._supervised
         if supervised is not None:  # a warm start's own rate schedule on the same engine
+            self._check_same_on_every_rank(supervised["loss"])
+            supervised["loss"] = 0.0
             factor = supervised["schedule"](supervised["steps"])
             for group in self.client_optimizer.param_groups:
                 group["lr"] = supervised["lr"] * factor
@@ -346,36 +473,67 @@ class DeepSpeedBackend(TrainingBackend):
         norm = float(norm) if norm is not None else 0.0
         if supervised is not None:
             supervised["steps"] += 1
+        elif self.critic_engine is not None:
+            self.critic_engine.step()
         self._run_post_step_hooks()
         return norm
 
     def finish_step(self) -> None:
         self.scheduler.step()
+        if self.critic_scheduler is not None:
+            self.critic_scheduler.step()
 
     @contextmanager
     def supervised(self, learning_rate: float, schedule: Callable[[int], float] | None = None,
                    **adamw: Any) -> Iterator[None]:
-        """The warm start's steps on the run's engine at ``learning_rate`` x ``schedule``; its AdamW moments
-        are the run's own optimiser's (a sharded engine has one optimiser), so they are cleared after
-        the block, and the run's rates are put back."""
+        """The warm start's steps on the run's engine at ``learning_rate`` x ``schedule``, with the other
+        settings of a fresh ``AdamW(lr, **adamw)`` (those :class:`TorchBackend`'s warm start gets); its AdamW
+        moments are the run's own optimiser's (a sharded engine has one optimiser), so they are cleared
+        after the block, and the run's rates and settings are put back.
+
+        With several ranks, every rank runs the whole warm start on the same demonstrations (it is
+        supervised and cheap, and needs no rank to hold the whole model's optimiser): each backward's
+        loss is the whole batch's, the engine's mean over ranks of their equal gradients is the batch's
+        gradient, and all ranks start RL from the weights one process gets. A step whose loss differs
+        between ranks (they built different demonstrations) is one ``ValueError`` line."""
+        settings = {key: value for key, value in torch.optim.AdamW([torch.zeros(1)], lr=learning_rate, **adamw).defaults.items()
+                    if key in ("betas", "eps", "weight_decay", "amsgrad")}
         saved = [(group["lr"], dict(group)) for group in self.client_optimizer.param_groups]
+        for group in self.client_optimizer.param_groups:
+            group.update(settings)
         # A block after loading a checkpoint written inside one goes on with its schedule (the engine's
         # checkpoint held the moments).
         steps, self._supervised_resume_steps = self._supervised_resume_steps, 0
-        self._supervised = {"lr": learning_rate, "schedule": schedule or (lambda _: 1.0), "steps": steps}
+        self._supervised = {"lr": learning_rate, "schedule": schedule or (lambda _: 1.0), "steps": steps, "loss": 0.0}
         try:
             yield
         finally:
             self._supervised = None
-            for group, (lr, _) in zip(self.client_optimizer.param_groups, saved):
-                group["lr"] = lr
+            for group, (lr, before) in zip(self.client_optimizer.param_groups, saved):
+                group.update({"lr": lr, **{key: before[key] for key in settings}})
             self.client_optimizer.state.clear()
+
+    def _check_same_on_every_rank(self, loss: float) -> None:
+        """One ``ValueError`` line, on every rank, when a warm-start step's loss differs between ranks."""
+        if self._world == 1:
+            return
+        both = torch.tensor([loss, -loss], dtype=torch.float64 if self._device.type == "cpu" else torch.float32,
+                            device=self._device)
+        self._dist.all_reduce(both, op=self._dist.ReduceOp.MAX)
+        highest, lowest = float(both[0]), -float(both[1])
+        if highest - lowest > 1e-5 * max(1.0, abs(highest)):
+            raise ValueError(f"the warm start's loss differs between ranks ({lowest:.6g} to {highest:.6g}): every rank "
+                             "must clone the same demonstrations (the same dataset, seed and warm_start settings)")
 
     def train(self) -> None:
         self.engine.train()
+        if self.critic_engine is not None:
+            self.critic_engine.train()
 
     def eval(self) -> None:
         self.engine.eval()
+        if self.critic_engine is not None:
+            self.critic_engine.eval()
 
     @property
     def learning_rate(self) -> float:
@@ -388,7 +546,12 @@ class DeepSpeedBackend(TrainingBackend):
         it differ from what the run's start rebuilds (it is then the policy at the warm start's end)."""
         client = {"scheduler": self.scheduler.state_dict(), "world_size": self._world, "zero_stage": self.stage,
                   "supervised_steps": self._supervised_resume_steps if self._supervised is None else self._supervised["steps"]}
-        self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, client_state=client, save_latest=False)
+        # A LoRA policy's frozen base is loaded again from model.name: the engine saves the adapters only.
+        self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, client_state=client, save_latest=False,
+                                    exclude_frozen_parameters=self.policy.has_adapters)
+        if self.critic_engine is not None:
+            self.critic_engine.save_checkpoint(str(directory), tag=CRITIC_TAG, save_latest=False,
+                                               client_state={"scheduler": self.critic_scheduler.state_dict()})
         if self.reference is not None and self.config.warm_start.steps + self.config.warm_start.copy_steps > 0:
             if self.stage < 3:
                 if self._rank == 0:
@@ -402,7 +565,7 @@ class DeepSpeedBackend(TrainingBackend):
         if not (folder / ENGINE_TAG).is_dir():
             raise ValueError(f"checkpoint folder {folder} holds no DeepSpeed engine checkpoint ({ENGINE_TAG}/): "
                              "it was written by another backend")
-        _, client = self.engine.load_checkpoint(str(folder), tag=ENGINE_TAG)
+        _, client = self.engine.load_checkpoint(str(folder), tag=ENGINE_TAG, load_module_strict=not self.policy.has_adapters)
         if client is None:
             raise ValueError(f"DeepSpeed could not load the checkpoint in {folder}")
         if client.get("world_size") != self._world or client.get("zero_stage") != self.stage:
@@ -412,6 +575,14 @@ class DeepSpeedBackend(TrainingBackend):
         self._supervised_resume_steps = client.get("supervised_steps") or 0
         for group, factor in zip(self.client_optimizer.param_groups, self.scheduler.lr_lambdas):
             group["lr"] = self.scheduler.base_lrs[0] * factor(self.scheduler.last_epoch)
+        if self.critic_engine is not None:
+            if not (folder / CRITIC_TAG).is_dir():
+                raise ValueError(f"checkpoint folder {folder} holds no critic ({CRITIC_TAG}/): it was written by a run "
+                                 "without a separate critic")
+            _, critic_client = self.critic_engine.load_checkpoint(str(folder), tag=CRITIC_TAG)
+            self.critic_scheduler.load_state_dict(critic_client["scheduler"])
+            for group, factor in zip(self.critic_optimizer.param_groups, self.critic_scheduler.lr_lambdas):
+                group["lr"] = self.critic_scheduler.base_lrs[0] * factor(self.critic_scheduler.last_epoch)
         if self.reference is not None:
             if (folder / "reference.pt").is_file():
                 self.reference.load_state_dict(torch.load(folder / "reference.pt", map_location=self._device, weights_only=True))

@@ -323,7 +323,9 @@ class Trainer:
     def _rollout_batch(self) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
         """Roll out ``questions_per_step`` questions and keep the rows the algorithm keeps; while fewer than
         ``questions_per_step`` groups are kept, roll out further questions, up to the algorithm's
-        ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept.
+        ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept. With
+        several ranks, a round runs on every rank while any rank is short of its share, and ranks may keep
+        different numbers of rows (:func:`~agents.training.update.update_batch` keeps their passes in step).
         Returns every episode rolled out, the batch, the summed timings and the rounds taken."""
         world, rank = self.backend.world_size, self.backend.rank
         wanted = self.config.rollout.questions_per_step // world  # this rank's share (whole question groups)
@@ -351,7 +353,9 @@ class Trainer:
                 sampled.update(zip(map(id, rollout.trajectories), rollout.sampled_logprobs))
             kept.append(batch)
             groups += [g for g in dict.fromkeys(batch.group_ids) if g not in groups]
-            if len(groups) >= wanted:
+            # Every rank takes the same rounds (the data order, and a sharded policy's gathers, stay in step):
+            # another round while any rank is short of its groups.
+            if float(self.backend.all_reduce_sum(torch.tensor(float(len(groups) < wanted)))) == 0:
                 break
         if len(kept) == 1 or not groups:  # one rollout's questions are at most ``wanted`` groups
             return trajectories, kept[0], timings, len(kept)

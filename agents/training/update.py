@@ -5,6 +5,12 @@ Rows are ordered by length before a mini-batch is split into micro-batches, so t
 trimmed to its longest row, carries little padding; each micro-batch's loss is divided by counts of the
 whole mini-batch (reduced across data-parallel ranks by the backend), so the result does not depend on
 the split.
+
+With several data-parallel ranks holding different numbers of rows (DAPO's dynamic sampling drops groups
+rank by rank), every rank still runs as many optimiser steps, micro-batch passes and no-grad passes as
+the rank with the most: a sharded engine gathers parameters in each forward and reduces gradients in
+each backward, collectives every rank must enter. A rank short of rows runs idle passes (one row, a loss
+of zero: nothing is added to the gradient) and empty mini-batches.
 """
 from __future__ import annotations
 
@@ -39,20 +45,30 @@ def score_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimConf
         old = batch.rollout_logprobs.to(zeros).clone()
     ref = zeros.clone() if algorithm.uses_reference else None
     values = zeros.clone() if algorithm.uses_critic else None
-    start = 0
-    for mb in backend.micro_batches(batch):
-        n, t = mb.input_ids.shape
+
+    def passes(mb: TrainBatch) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """The passes over ``mb`` this batch needs: (old log-probs, values, reference log-probs)."""
+        out = None
         if reused:
             if values is not None:
-                values[start : start + n, :t] = backend.forward(mb, with_values=True).values
+                out = backend.forward(mb, with_values=True)
         elif old is not None:
             out = backend.forward(mb, with_values=algorithm.uses_critic)
-            old[start : start + n, :t] = out.logprobs
-            if values is not None:
-                values[start : start + n, :t] = out.values
-        if ref is not None:
-            ref[start : start + n, :t] = backend.reference_logprobs(mb)
+        mb_ref = backend.reference_logprobs(mb) if ref is not None else None
+        return (None if reused or out is None else out.logprobs), (None if out is None else out.values), mb_ref
+
+    start = 0
+    micro = backend.micro_batches(batch)
+    idle = _most_over_ranks(backend, len(micro)) - len(micro)  # before any pass: the passes are collectives too
+    for mb in micro:
+        n, t = mb.input_ids.shape
+        mb_old, mb_values, mb_ref = passes(mb)
+        for full, part in ((old, mb_old), (values, mb_values), (ref, mb_ref)):
+            if part is not None:
+                full[start : start + n, :t] = part
         start += n
+    for _ in range(idle):
+        passes(_idle_batch(batch))
     batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
 
 
@@ -74,7 +90,8 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
     norm), and the number of skips after the last applied step (for the run's
     :class:`~agents.training.health.UpdateWatch`)."""
     rows = len(batch)
-    size = optim.mini_batch_size if 0 < optim.mini_batch_size < rows else rows
+    size = optim.mini_batch_size if 0 < optim.mini_batch_size < rows else max(rows, 1)
+    minis = _most_over_ranks(backend, math.ceil(rows / size))  # every rank takes as many optimiser steps
     shuffle = torch.Generator().manual_seed(shuffle_seed)
     separate_critic = algorithm.uses_critic and not algorithm.value_head
     totals: dict[str, float] = defaultdict(float)
@@ -83,10 +100,12 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
     backend.train()
     for _ in range(optim.update_epochs):
         order = torch.randperm(rows, generator=shuffle) if size < rows else torch.arange(rows)
-        for begin in range(0, rows, size):
-            mini = batch.select(by_length(batch, order[begin : begin + size]))
+        for begin in range(0, minis * size, size):
+            mini = batch.select(by_length(batch, order[begin : begin + size]))  # empty past this rank's rows
             counts = backend.reduce_counts(algorithm.counts(mini))
-            for mb in backend.micro_batches(mini):
+            micro = backend.micro_batches(mini)
+            idle = _most_over_ranks(backend, len(micro)) - len(micro)
+            for mb in micro:
                 out = backend.forward(mb, with_entropy=with_entropy, with_values=algorithm.uses_critic)
                 if mb.old_logprobs is None:  # the policy has not moved since the rollout (see score_batch)
                     mb = dataclasses.replace(mb, old_logprobs=out.logprobs.detach())
@@ -100,6 +119,8 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
                 backend.backward(loss)
                 for key, value in mb_stats.items():  # additive shares of the mini-batch's statistic
                     totals[key] += value
+            for _ in range(idle):
+                _idle_update_pass(backend, _idle_batch(batch), with_entropy=with_entropy, with_values=algorithm.uses_critic)
             norm = backend.step()
             totals["grad_norm"] += norm
             steps += 1
@@ -109,6 +130,38 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
              "updates/applied": float(applied), "updates/skipped": float(steps - applied),
              **_gap_stats(gap_total, gap_count, gap_max)}
     return stats, trailing_skips
+
+
+def _most_over_ranks(backend: TrainingBackend, count: int) -> int:
+    """The largest of the data-parallel ranks' ``count`` (``count`` itself on one process); a collective."""
+    if backend.world_size == 1:
+        return count
+    shares = torch.zeros(backend.world_size, dtype=torch.float64)
+    shares[backend.rank] = count
+    return int(backend.all_reduce_sum(shares).max())
+
+
+def _idle_batch(batch: TrainBatch) -> TrainBatch:
+    """One row for the passes a rank runs only to keep in step with ranks that hold more rows: the first of
+    ``batch``, or for an empty batch two tokens, the second one trained (every pass then runs the whole
+    model, as a real row's does)."""
+    if len(batch):
+        return batch.select([0]).trimmed()
+    return TrainBatch(batch.input_ids.new_zeros((1, 2)), batch.attention_mask.new_ones((1, 2)),
+                      batch.position_ids.new_tensor([[0, 1]]), batch.trained_mask.new_tensor([[0, 1]]),
+                      batch.token_rewards.new_zeros((1, 2)), batch.scores.new_zeros(1), batch.group_index.new_zeros(1),
+                      ["idle"], [None])
+
+
+def _idle_update_pass(backend: TrainingBackend, mb: TrainBatch, *, with_entropy: bool, with_values: bool) -> None:
+    """The forward and backward passes of a micro-batch with a loss of zero: the gradient is unchanged, and
+    every parameter a real micro-batch reaches gets its (zero) share, so the engine's reductions line up."""
+    out = backend.forward(mb, with_entropy=with_entropy, with_values=with_values)
+    loss = (out.logprobs * 0).sum()
+    for extra in (out.entropy, out.values):
+        if extra is not None:
+            loss = loss + (extra * 0).sum()
+    backend.backward(loss)
 
 
 def engine_mismatch(batch: TrainBatch) -> dict[str, float]:

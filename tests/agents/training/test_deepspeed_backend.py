@@ -1,8 +1,11 @@
 """The DeepSpeed backend keeps the maths of one process: two ranks under ZeRO-2 or ZeRO-3 (``torchrun``, gloo
 on the CPU), each holding one question group of uneven rows, take the same two optimiser steps on the same
 global batch as the single-process torch backend, to float32 rounding (parameters within 1e-5; the updates
-move them by about 2e-3). A 2-rank run stopped after a checkpoint and resumed ends where the
-uninterrupted run does. Bad setups are one line."""
+move them by about 2e-3), for GRPO, REINFORCE++ and PPO with a value head or a separate critic (whose own
+engine, learning rate and warm-up must match the torch backend's critic too), also when DAPO's dynamic
+sampling leaves a rank without rows; a warm start leaves every rank with the single process's weights. A
+2-rank run stopped after a checkpoint and resumed ends where the uninterrupted run does, a separate
+critic's engine included. Bad setups are one line."""
 from __future__ import annotations
 
 import json
@@ -48,10 +51,10 @@ def torchrun(ranks: int, *args: str, timeout: int = 600) -> subprocess.Completed
     return done
 
 
-def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2) -> dict:
-    out = tmp_path / f"{algo}-{backend}-{zero}.pt"
+def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2, critic: str = "head", *flags: str) -> dict:
+    out = tmp_path / f"{algo}-{critic}-{backend}-{zero}.pt"
     args = ["-m", "tests.agents.training.ds_equivalence", "--algo", algo, "--backend", backend, "--zero", str(zero),
-            "--out", str(out)]
+            "--critic", critic, "--out", str(out), *flags]
     if backend == "torch":
         done = subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]
@@ -60,18 +63,90 @@ def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("algo, zero", [("grpo", 2), ("grpo", 3), ("ppo", 3), ("reinforce++", 2)])
-def test_two_ranks_take_the_single_process_steps(tmp_path, algo, zero):
-    single = _update(tmp_path, algo, "torch")
-    ranks = _update(tmp_path, algo, "deepspeed", zero)
+@pytest.mark.parametrize("algo, zero, critic", [("grpo", 2, "head"), ("grpo", 3, "head"), ("ppo", 3, "head"),
+                                               ("ppo", 2, "separate"), ("ppo", 3, "separate"), ("reinforce++", 2, "head"),
+                                               ("reinforce++", 3, "head")])
+def test_two_ranks_take_the_single_process_steps(tmp_path, algo, zero, critic):
+    single = _update(tmp_path, algo, "torch", critic=critic)
+    ranks = _update(tmp_path, algo, "deepspeed", zero, critic=critic)
     from tests.agents.training.ds_equivalence import main  # noqa: F401  (the worker imports)
 
     assert single["params"].keys() == ranks["params"].keys()
-    for name, value in single["params"].items():
-        torch.testing.assert_close(ranks["params"][name], value, atol=ATOL, rtol=0, msg=name)
+    assert single["critic"].keys() == ranks["critic"].keys() and bool(single["critic"]) == (critic == "separate")
+    for group in ("params", "critic"):  # a separate critic's engine takes the single process's critic steps too
+        for name, value in single[group].items():
+            torch.testing.assert_close(ranks[group][name], value, atol=ATOL, rtol=0, msg=f"{group}: {name}")
     for key, value in single["loss"].items():  # the logged losses are the whole batch's
         assert ranks["loss"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     assert ranks["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_dynamic_sampling_that_empties_a_rank_takes_the_single_process_steps(tmp_path, zero):
+    """DAPO's dynamic sampling drops the second question group, all of rank 1's rows: rank 1 runs idle passes
+    (a zero loss) beside rank 0's two micro-batches, so that the engines' collectives line up, and the two
+    optimiser steps are the single process's on the three rows left."""
+    single = _update(tmp_path, "grpo", "torch", 2, "head", "--dynamic-sampling")
+    ranks = _update(tmp_path, "grpo", "deepspeed", zero, "head", "--dynamic-sampling")
+    assert single["rows"] == [3] and ranks["rows"] == [3, 0]
+    for name, value in single["params"].items():
+        torch.testing.assert_close(ranks["params"][name], value, atol=ATOL, rtol=0, msg=name)
+    for key, value in single["loss"].items():
+        assert ranks["loss"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert ranks["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4)
+
+
+#: A warm start's parameters agree within this: its Adam steps (3e-3, five of them) normalise a few near-zero
+#: gradients whose float sums ZeRO-3 takes in another order; a lost micro-batch gradient moves them by ~6e-3.
+WARM_ATOL = 1e-4
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_every_rank_starts_rl_from_the_single_process_warm_start(tmp_path, zero):
+    """Both ranks run the whole warm start (copy warm-up, then demonstrations in two micro-batches per step):
+    their weights are the same to the bit, those of the single process's warm start, and the RL update
+    from there is the single process's too (the warm start's moments and settings are gone)."""
+    single = _update(tmp_path, "grpo", "torch", 2, "head", "--warm-start")
+    ranks = _update(tmp_path, "grpo", "deepspeed", zero, "head", "--warm-start")
+    assert len(single["warm"]) == 1 and len(ranks["warm"]) == 2
+    # the whole batch's gradient on every rank, not the sum over ranks (Adam would hide a scale)
+    assert len(single["warm_norms"]) == 5 and ranks["warm_norms"] == pytest.approx(single["warm_norms"], rel=1e-4)
+    first, second = (warm["params"] for warm in ranks["warm"])
+    for name, value in single["warm"][0]["params"].items():
+        torch.testing.assert_close(first[name], second[name], atol=0, rtol=0, msg=name)
+        torch.testing.assert_close(first[name], value, atol=WARM_ATOL, rtol=0, msg=name)
+        torch.testing.assert_close(ranks["params"][name], single["params"][name], atol=WARM_ATOL, rtol=0, msg=name)
+
+
+def test_a_warm_start_whose_loss_differs_between_ranks_is_one_line():
+    from agents.training.deepspeed_backend import DeepSpeedBackend
+
+    class TwoRanks:  # all_reduce(MAX) over this rank's [loss, -loss] and another rank's at 2.5
+        class ReduceOp:
+            MAX = "max"
+
+        @staticmethod
+        def all_reduce(tensor, op):
+            tensor.copy_(torch.maximum(tensor, torch.tensor([2.5, -2.5], dtype=tensor.dtype)))
+
+    backend = object.__new__(DeepSpeedBackend)
+    backend._world, backend._device, backend._dist = 2, torch.device("cpu"), TwoRanks
+    backend._check_same_on_every_rank(2.5)
+    with pytest.raises(ValueError, match=r"^the warm start's loss differs between ranks \(2\.4 to 2\.5\): every rank must"):
+        backend._check_same_on_every_rank(2.4)
+
+
+def test_a_separate_critic_is_checkpointed_by_its_own_engine(tmp_path):
+    """2 ranks under ZeRO-3 save after one PPO update, take a second, load the checkpoint and take the second
+    again: policy and critic end where they did, to the bit (the critic's weights, moments and warm-up
+    position come back from its engine's checkpoint; left out, its values and so the policy's GAE move)."""
+    ranks = _update(tmp_path, "ppo", "deepspeed", 3, "separate", "--resume")
+    for group in ("params", "critic"):
+        assert ranks["uninterrupted"][group].keys() == ranks["resumed"][group].keys() == ranks[group].keys()
+        moved = max(float((ranks["uninterrupted"][group][n] - v).abs().max()) for n, v in ranks[group].items())
+        assert moved > 1e-4, group  # the second update moves the weights, so an unrestored one shows
+        for name, value in ranks["uninterrupted"][group].items():
+            torch.testing.assert_close(ranks["resumed"][group][name], value, atol=0, rtol=0, msg=f"{group}: {name}")
 
 
 def _train(tmp_path: Path, out: str, *flags: str) -> None:
@@ -126,16 +201,6 @@ def test_the_engine_config_is_derived_and_overridden_by_the_json_file(tmp_path):
 def test_a_zero_stage_other_than_2_or_3_is_one_line():
     with pytest.raises(ValueError, match="run.zero_stage must be 2 or 3, got 1"):
         TrainConfig("grpo").updated({"run.zero_stage": 1})
-
-
-def test_a_separate_ppo_critic_is_refused_in_one_line(tmp_path):
-    from agents.learners.registry import lookup_algorithm
-    from agents.training.deepspeed_backend import DeepSpeedBackend
-
-    config = TrainConfig("ppo").updated({"run.backend": "deepspeed", "algorithm.critic": "separate"})
-    algorithm = lookup_algorithm("ppo")(config.algorithm)
-    with pytest.raises(ValueError, match="separate critic: use --algorithm.critic head"):
-        DeepSpeedBackend.from_config(config, None, algorithm)
 
 
 def test_deepspeed_missing_is_one_line_naming_the_extra(monkeypatch):

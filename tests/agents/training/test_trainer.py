@@ -243,6 +243,23 @@ def test_dynamic_sampling_rounds_stop_at_their_limit(tmp_path, monkeypatch):
     assert "grad_norm" not in metrics
 
 
+def test_dynamic_sampling_rounds_go_on_while_another_rank_is_short(tmp_path, monkeypatch):
+    # Ranks take the same rounds (their data order and a sharded policy's gathers stay in step): this rank
+    # keeps its two groups in the first round, but the sum over ranks says another is still short, so a
+    # second round runs; this rank trains on its first round's groups.
+    trainer = build_trainer(small_config("grpo", tmp_path, {"run.steps": 1, "eval.questions": 0, "algorithm.dynamic_sampling": True,
+                                                            "algorithm.dynamic_sampling_rounds": 3}))
+    monkeypatch.setattr(trainer.algorithm, "filter_batch", lambda batch: batch)
+    other_rank = iter([1.0])  # short after the first round, then not
+    own_sum = trainer.backend.all_reduce_sum
+    monkeypatch.setattr(trainer.backend, "all_reduce_sum", lambda tensor: own_sum(tensor) + next(other_rank, 0.0))
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.close_environments()
+    assert metrics["rollout_rounds"] == 2.0 and metrics["episodes"] == 8.0 and metrics["rows"] == 4.0
+
+
 @pytest.mark.parametrize("changes,match", [
     ({"algorithm.dynamic_sampling_rounds": 0, "algorithm.dynamic_sampling": True}, "^dynamic_sampling_rounds must be >= 1, got 0$"),
     ({"algorithm.dynamic_sampling_rounds": 2}, "set dynamic_sampling=True"),
