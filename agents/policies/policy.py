@@ -99,6 +99,27 @@ class HFPolicy(nn.Module):
         with self.model.disable_adapter():
             yield
 
+    def named_weights(self, *, adapters: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LM's weights by name as a loader of the model reads them, for an engine that keeps a copy
+        (vLLM): the transformers model's state-dict names; with LoRA adapters, the frozen base model's
+        weights under those plain names (peft's ``base_layer`` dropped, adapters left out), or with
+        ``adapters=True`` the adapters alone under peft's names (what ``PeftModel.save_pretrained(...,
+        state_dict=...)`` writes). The tensors are the module's own (parameters, not copies: a ZeRO-3
+        engine's hold their shard only, see :meth:`TrainingBackend.rollout_weights
+        <agents.training.backend.TrainingBackend.rollout_weights>`); the value head is not the LM's."""
+        if adapters:
+            if not self.has_adapters:
+                raise ValueError("this policy has no adapters (model.lora_rank is 0)")
+            for name, tensor in self.model.state_dict(keep_vars=True).items():
+                if ".lora_" in name:
+                    yield name, tensor
+            return
+        for name, tensor in self.lm.state_dict(keep_vars=True).items():
+            if not self.has_adapters:
+                yield name, tensor
+            elif ".lora_" not in name:
+                yield name.replace(".base_layer.", "."), tensor
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Recompute each layer's activations in the backward pass instead of keeping them (Hugging Face's
         non-reentrant gradient checkpointing, which also lets gradients reach adapters over a frozen
@@ -166,7 +187,7 @@ class HFPolicy(nn.Module):
         return PolicyOutput(logprobs, entropy, values)
 
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike[str], *, merge_adapters: bool = True) -> Path:
         """Write the LM as a standard transformers model folder (weights, config, tokenizer), which
         :func:`agents.policies.loading.load_policy`, the evaluation harness and any Hugging Face tool load.
         The value head, a training device, is not part of it. Returns the folder.
@@ -174,11 +195,14 @@ class HFPolicy(nn.Module):
         With LoRA adapters the folder holds the model with the adapters merged into its weights (so every
         tool loads the trained policy as it is), and ``adapter/`` inside it the adapters alone, in peft's
         format (``PeftModel.from_pretrained(base_model, folder / "adapter")``); the policy itself is left
-        unmerged."""
+        unmerged. ``merge_adapters=False`` writes the frozen base's weights instead, for an engine that
+        applies the adapters itself (vLLM's LoRA support)."""
         target = Path(directory)
         target.mkdir(parents=True, exist_ok=True)
         if self.has_adapters:
-            self.lm.save_pretrained(target, state_dict=merged_state_dict(self.model))
+            weights = (merged_state_dict(self.model) if merge_adapters
+                       else {name: tensor.detach() for name, tensor in self.named_weights()})
+            self.lm.save_pretrained(target, state_dict=weights)
             self.model.save_pretrained(target / ADAPTER_DIR)
         else:
             self.model.save_pretrained(target)

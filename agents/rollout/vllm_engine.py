@@ -18,22 +18,36 @@ applied), the quantity an importance ratio against the trainer's log-probs at th
 needs. The trainer logs their gap to its own (``rollout/logprob_gap_mean``); the learners' truncated
 importance sampling (``algorithm.tis_cap``) corrects for it.
 
-Weights: after every optimiser step :meth:`VLLMEngine.sync_weights` (installed with
-:meth:`VLLMEngine.attach`, the training backend's post-step hook) pushes the trained model's state into
-the engine through the model runner's ``reload_weights`` (which re-runs vLLM's post-load processing; a
-model's ``load_weights`` alone does not take effect on every backend) and resets the prefix cache, whose
-entries were computed with the old weights. With ``sleep=True`` the engine releases its memory during
-the update (:meth:`VLLMEngine.sleep`) and is woken, weights reloaded, before the next rollout; vLLM's CPU
-backend has no sleep mode, where this is a no-op.
+Weights: after the optimiser steps of an update :meth:`VLLMEngine.sync_weights` (made due by
+:meth:`VLLMEngine.attach`'s post-step hook on the training backend, run before the next rollout) streams
+the trained model's weights into the engine through the model runner's ``reload_weights`` (which re-runs
+vLLM's post-load processing; a model's ``load_weights`` alone does not take effect on every backend),
+from the backend's :meth:`~agents.training.backend.TrainingBackend.rollout_weights`: one tensor at a time,
+which a ZeRO-3 backend gathers in turn (unless they are whole already, within its ``generation()``), so
+that beyond its shards and vLLM's copy a rank need not hold the whole model. The iterator is handed over
+as it is, not as a list of every tensor: the engine runs in this process with one worker, which consumes
+it as it loads. The prefix cache, computed with the old weights, is reset.
+
+A policy with LoRA adapters (``model.lora_rank``) is served as vLLM serves adapters: the engine holds
+the frozen base (``enable_lora``, ``max_lora_rank`` the smallest vLLM supports at or above the rank), and
+each sync writes the current adapters in peft's format into the engine's folder and adds them under a
+new ``LoRARequest`` id (vLLM caches an adapter by its id), removing the previous one; every request
+carries the current one, so the log-probs are those of the trainer's adapted model, and the base is
+never reloaded.
+
+With ``sleep=True`` the engine releases its memory during the update (:meth:`VLLMEngine.sleep`) and is
+woken, weights reloaded, before the next rollout (with adapters the frozen base is kept in host memory
+meanwhile and comes back as it was); vLLM's CPU backend has no sleep mode, where this is a no-op.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, get_args
 
 import torch
 
@@ -90,12 +104,27 @@ def _modules_vllm_cannot_scan() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+def _lora_rank_slot(policy: HFPolicy) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts (it builds its kernels for a fixed set of ranks) that
+    holds the policy's adapters."""
+    from vllm.config.lora import MaxLoRARanks
+
+    config = policy.model.peft_config[policy.model.active_adapter]
+    rank = max([config.r, *config.rank_pattern.values()])
+    slots = get_args(MaxLoRARanks)
+    if rank > max(slots):
+        raise ValueError(f"model.lora_rank {rank} is above the largest LoRA rank vLLM serves ({max(slots)})")
+    return min(slot for slot in slots if slot >= rank)
+
+
 class VLLMEngine:
     """A vLLM engine over ``policy``'s weights, kept in step with them.
 
     Args:
         policy: the trained policy; its LM and tokenizer are written to a temporary model folder that
-            vLLM loads (removed by :meth:`close`).
+            vLLM loads (removed by :meth:`close`); with LoRA adapters, its frozen base, the adapters
+            being added apart (module docstring). Under ZeRO-3 build the engine within the backend's
+            ``generation()``, where the weights it writes are whole.
         memory_fraction: the share of the device's memory vLLM may take (``gpu_memory_utilization``). On a
             CPU the KV cache is that share of the machine's memory, at most :data:`CPU_KV_CACHE_GIB_MAX` GiB
             (``VLLM_CPU_KVCACHE_SPACE`` overrides it).
@@ -113,8 +142,9 @@ class VLLMEngine:
         self.sleep_enabled = bool(sleep)
         self._asleep = False
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
-        policy.save_pretrained(self._folder)
-        on_cpu = next(policy.model.parameters()).device.type == "cpu"
+        policy.save_pretrained(self._folder, merge_adapters=False)
+        self._device_type = next(policy.model.parameters()).device.type
+        on_cpu = self._device_type == "cpu"
         kwargs: dict[str, Any] = {
             "model": self._folder, "tokenizer": self._folder, "dtype": dtype, "seed": seed,
             "max_model_len": max_model_len, "enable_prefix_caching": True,
@@ -132,9 +162,13 @@ class VLLMEngine:
                 kwargs["kv_cache_memory_bytes"] = int(min(memory_fraction * total, CPU_KV_CACHE_GIB_MAX * 2**30))
         elif self.sleep_enabled:
             kwargs["enable_sleep_mode"] = True
+        #: Whether the engine serves the policy's LoRA adapters on its frozen base (module docstring).
+        self.lora = policy.has_adapters
+        if self.lora:
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank_slot(policy))
         kwargs.update(engine_kwargs)
         try:
-            with _modules_vllm_cannot_scan():
+            with _modules_vllm_cannot_scan(), self.own_precision():
                 self.llm = vllm.LLM(**kwargs)
         except BaseException:
             shutil.rmtree(self._folder, ignore_errors=True)
@@ -142,6 +176,22 @@ class VLLMEngine:
         self.syncs = 0
         #: The policy's weights changed since the engine last loaded them (see :meth:`attach`).
         self.stale = False
+        #: Where the weights come from: the policy's own tensors, until :meth:`attach` names a backend.
+        self._weights: Callable[..., Iterator[tuple[str, torch.Tensor]]] = self._policy_weights
+        #: The adapters every request carries (``None`` without LoRA), and the ids given out so far.
+        self.lora_request: Any = None
+        self._lora_ids = itertools.count(1)
+        if self.lora:
+            try:
+                self._load_adapters()
+            except BaseException:
+                self.close()
+                raise
+
+    def own_precision(self) -> torch.autocast:
+        """Within the block a caller's autocast is off for the engine's device: vLLM computes in its own
+        ``dtype``, also where the trainer rolls out within a bf16 backend's ``generation()`` (autocast)."""
+        return torch.autocast(self._device_type, enabled=False)
 
     # -- weights --------------------------------------------------------------------------------------
     def attach(self, backend: Any) -> VLLMEngine:
@@ -151,9 +201,11 @@ class VLLMEngine:
         engine to sleep for the rest of the update); the next :meth:`agent` or :meth:`logprobs` call
         reloads them first, so several optimiser steps of one update cost one reload. The weights also
         count as stale from the start, so a trainer that loaded a checkpoint after the engine was built
-        samples from the loaded weights.
+        samples from the loaded weights. They are read through ``backend.rollout_weights`` (whole, one at
+        a time, from a sharded backend too).
         """
         self.stale = True
+        self._weights = backend.rollout_weights
         backend.add_post_step_hook(self._after_step)
         return self
 
@@ -161,25 +213,49 @@ class VLLMEngine:
         self.stale = True
         self.sleep()
 
-    def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.policy.model.state_dict().items():
+    def _policy_weights(self, *, adapters: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.policy.named_weights(adapters=adapters):
             yield name, tensor.detach()
 
     @torch.no_grad()
     def sync_weights(self) -> None:
-        """Load the policy's current weights into the engine and drop the prefix cache (its keys and
-        values were computed with the old weights)."""
+        """Load the policy's current weights (with LoRA, its adapters) into the engine and drop the prefix
+        cache (its keys and values were computed with the old weights)."""
         if self._asleep:
             self._wake()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(self._weights())})
+        if self.lora:
+            self._load_adapters()
+        else:
+            with self.own_precision():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights()})
         self.llm.reset_prefix_cache()
         self.syncs += 1
         self.stale = False
 
+    def _load_adapters(self) -> None:
+        """Write the current adapters in peft's format and add them under a new id (an id vLLM has seen is
+        served from its cache, whatever the folder holds now); then remove the previous adapters from the
+        engine and their folder, so one set is held at a time. The current folder stays until the next
+        sync: vLLM reads an adapter from its path again should it ever drop it from its cache."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._lora_ids)
+        folder = os.path.join(self._folder, f"adapter-{lora_id}")
+        self.policy.model.save_pretrained(folder, state_dict=dict(self._weights(adapters=True)))
+        engine, previous = self.llm.llm_engine, self.lora_request
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        request = LoRARequest(f"policy-{lora_id}", lora_id, folder)
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the policy's LoRA adapters from {folder}")
+        self.lora_request = request
+
     def sleep(self) -> None:
-        """Release the engine's weights and KV cache until the next rollout (``sleep=True`` only)."""
+        """Release the engine's weights and KV cache until the next rollout (``sleep=True`` only). With
+        adapters the frozen base moves to host memory instead (vLLM's sleep level 1), as nothing reloads it."""
         if self.sleep_enabled and not self._asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=1 if self.lora else 2)
             self._asleep = True
 
     def wake_up(self) -> None:
@@ -203,7 +279,9 @@ class VLLMEngine:
         vllm = _import_vllm()
         self.wake_up()
         params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        with self.own_precision():
+            outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False,
+                                     lora_request=self.lora_request)
         rows = []
         for seq, out in zip(sequences, outs):
             row = [0.0]
@@ -270,7 +348,8 @@ class VLLMAgent:
             raise ValueError("every row needs a budget of at least one token")
         prompts = [{"prompt_token_ids": self._contexts[row]} for row in rows]
         params = [self._params(row, budget) for row, budget in zip(rows, budgets)]
-        outs = self.engine.llm.generate(prompts, params, use_tqdm=False)
+        with self.engine.own_precision():
+            outs = self.engine.llm.generate(prompts, params, use_tqdm=False, lora_request=self.engine.lora_request)
         self._turn += 1
         chunks = []
         for row, out in zip(rows, outs):

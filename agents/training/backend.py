@@ -6,7 +6,8 @@ step, and to save or load itself into a checkpoint folder. That keeps one traine
 :class:`TorchBackend` runs plain PyTorch on one device; a data-parallel engine (DeepSpeed ZeRO) implements
 the same methods in a file of its own, registers itself with :func:`register_backend`, and is picked by
 ``run.backend``. A rollout engine that keeps its own copy of the weights (vLLM) registers a post-step hook
-(:meth:`TrainingBackend.add_post_step_hook`) to pick up each update.
+(:meth:`TrainingBackend.add_post_step_hook`) to pick up each update, and reads the weights one at a time
+through :meth:`TrainingBackend.rollout_weights` (a sharded engine gathers each in turn).
 
 Contract on losses: the trainer divides every micro-batch's loss by counts over the whole mini-batch
 (see :class:`agents.learners.BatchCounts`), reduced across data-parallel ranks by
@@ -162,6 +163,17 @@ class TrainingBackend(ABC):
     @abstractmethod
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote into ``directory``."""
+
+    def rollout_weights(self, *, adapters: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights, each whole, by the names :meth:`HFPolicy.named_weights
+        <agents.policies.policy.HFPolicy.named_weights>` gives (the transformers model's state-dict names, what
+        a rollout engine's loader reads; ``adapters=True``: a LoRA policy's adapters alone), one at a time,
+        so that an engine that keeps its own copy (:class:`~agents.rollout.vllm_engine.VLLMEngine`) can load
+        them as they come. A sharded engine gathers each in turn: on several ranks a collective that every
+        rank runs to the end. A tensor may share memory with the trained parameter (copy it to keep it past
+        the next optimiser step)."""
+        for name, tensor in self.policy.named_weights(adapters=adapters):
+            yield name, tensor.detach()
 
     def add_post_step_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` after every optimiser step (e.g. to sync a rollout engine's weights)."""

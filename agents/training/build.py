@@ -84,15 +84,19 @@ VLLM_TIS_CAP = 2.0
 def rollout_engine(config: TrainConfig, policy: Any, backend: Any) -> Callable[[bool, int], Any] | None:
     """The trainer's agent factory for ``rollout.engine``: ``None`` for ``hf`` (the trainer's own
     :class:`~agents.rollout.hf_sampler.HFSampler`); for ``vllm`` a
-    :class:`~agents.rollout.vllm_engine.VLLMEngine` over ``policy``, reloaded after the backend's
-    optimiser steps, whose agents sample at the run's temperature and top-p."""
+    :class:`~agents.rollout.vllm_engine.VLLMEngine` over ``policy`` (with ``model.lora_rank``, its base
+    with the adapters served as vLLM's LoRA adapters), reloaded after the backend's optimiser steps from
+    ``backend.rollout_weights``, whose agents sample at the run's temperature and top-p. It is built
+    within ``backend.generation()``, where a sharded policy's weights are whole to be written out."""
     rollout = config.rollout
     if rollout.engine == "hf":
         return None
     from agents.rollout.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(policy, memory_fraction=rollout.vllm_memory_fraction, max_model_len=config.env.max_context,
-                        sleep=rollout.vllm_sleep, seed=config.run.seed).attach(backend)
+    with backend.generation():
+        engine = VLLMEngine(policy, memory_fraction=rollout.vllm_memory_fraction, max_model_len=config.env.max_context,
+                            sleep=rollout.vllm_sleep, seed=config.run.seed)
+    engine.attach(backend)
 
     def factory(greedy: bool, seed: int) -> Any:
         return engine.agent(temperature=rollout.temperature, top_p=rollout.top_p, greedy=greedy, seed=seed)

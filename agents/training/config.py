@@ -171,9 +171,11 @@ class RolloutConfig:
             Worth it when a core is free: it takes a second one.
         engine: what samples the episodes: ``hf`` (:class:`~agents.rollout.hf_sampler.HFSampler` on the
             trained model itself) or ``vllm`` (:class:`~agents.rollout.vllm_engine.VLLMEngine`: a vLLM
-            engine in the trainer's process, its weights replaced after every optimiser step; needs the
-            ``vllm`` package, see ``.ci/vllm_venv.sh``). With ``vllm``, ``algorithm.tis_cap`` left unset
-            becomes 2.0 (the engine's log-probs are not the trainer's).
+            engine in the trainer's process, its weights streamed in after the optimiser steps, one
+            tensor at a time, gathered in turn from a ZeRO-3 backend; with ``model.lora_rank`` it holds
+            the frozen base and serves the trained adapters as vLLM's LoRA adapters, replaced after the
+            optimiser steps; needs the ``vllm`` package, see ``.ci/vllm_venv.sh``). With ``vllm``,
+            ``algorithm.tis_cap`` left unset becomes 2.0 (the engine's log-probs are not the trainer's).
         vllm_memory_fraction: the share of the accelerator's memory vLLM may take (its
             ``gpu_memory_utilization``; the trainer's model shares the device). On a CPU it sizes vLLM's
             KV cache as that share of the machine's memory.
@@ -531,6 +533,3 @@ class TrainConfig:
             if getattr(algorithm, "critic", None) == "separate":
                 raise ValueError("model.lora_rank with PPO's separate critic would copy the whole model for it: "
                                  "use --algorithm.critic head")
-            if self.rollout.engine != "hf":
-                raise ValueError(f"model.lora_rank needs rollout.engine: hf (the {self.rollout.engine} engine is not "
-                                 "given the adapters)")

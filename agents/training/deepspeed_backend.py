@@ -383,6 +383,23 @@ class DeepSpeedBackend(TrainingBackend):
             finally:
                 offload._register_deepspeed_module(offload.module)
 
+    def rollout_weights(self, *, adapters: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """ZeRO-3: each partitioned parameter gathered whole on every rank, yielded, and partitioned again
+        before the next one is gathered, so that beyond its shards a rank holds one parameter whole at a time
+        (what it yielded stays valid: partitioning drops the parameter's reference to the gathered tensor, not
+        the tensor); a collective every rank runs to the end. Within :meth:`generation` the parameters are
+        whole already and are yielded as they are, with no collective (rank 0 alone may read them there, as
+        an evaluation does). ZeRO-2 holds them whole."""
+        if self.stage < 3:
+            yield from super().rollout_weights(adapters=adapters)
+            return
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters, ZeroParamStatus
+
+        for name, tensor in self.policy.named_weights(adapters=adapters):
+            partitioned = getattr(tensor, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE  # buffers have none
+            with GatheredParameters([tensor], enabled=partitioned):
+                yield name, tensor.detach()
+
     # -- forward passes --------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:

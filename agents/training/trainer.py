@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -342,7 +342,7 @@ class Trainer:
             if world > 1:
                 seed = self._seed("rollout", round_, rank)
                 questions = questions[rank * wanted : (rank + 1) * wanted]
-            with self.backend.generation():
+            with self._decoding():
                 rollout = collect_rollouts(self.agent_factory(False, seed), self.rollout_env(), questions,
                                            group_size=self.config.algorithm.group_size)
             trajectories += rollout.trajectories
@@ -405,6 +405,19 @@ class Trainer:
                 results[f"{mode} {hops}-hop"] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, questions)[0]
         return results
 
+    @property
+    def _rollout_engine(self) -> Any:
+        """The rollout engine behind the agent factory (``rollout.engine: vllm``), or ``None``: the trainer's
+        own policy decodes."""
+        return getattr(self.agent_factory, "engine", None)
+
+    def _decoding(self) -> Any:
+        """The backend's :meth:`~agents.training.backend.TrainingBackend.generation` block when the trained
+        policy itself decodes; none with a rollout engine, which holds its own copy of the weights and
+        takes them parameter by parameter when they are stale (gathering a ZeRO-3 policy whole for it
+        would undo that)."""
+        return self.backend.generation() if self._rollout_engine is None else nullcontext()
+
     def _evaluate(self, stage: str | None) -> dict[str, EvalResult]:
         """:meth:`run_evaluation` between the callbacks' evaluation hooks (``stage``: see
         :meth:`~agents.training.callbacks.Callback.on_evaluation`)."""
@@ -412,7 +425,10 @@ class Trainer:
             return {}
         self._call("on_evaluation_start", stage)
         periodic_greedy = stage is None and not self.config.eval.periodic_sampled
-        with self.backend.generation():  # rank 0 evaluates, the others wait
+        engine = self._rollout_engine
+        if engine is not None:  # every rank's engine takes the current weights (a collective under ZeRO-3) first
+            engine.wake_up()
+        with self._decoding():  # rank 0 evaluates, the others wait
             results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled")) if self.backend.rank == 0 else {}
         self.backend.barrier()
         self._call("on_evaluation", stage, results)

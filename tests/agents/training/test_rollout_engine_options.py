@@ -82,3 +82,48 @@ def test_engine_defaults_turn_truncated_importance_sampling_on_for_vllm_only():
 def test_bad_engine_settings_are_one_line_errors(changes, match):
     with pytest.raises(ValueError, match=match):
         RolloutConfig(**changes)
+
+
+def test_with_a_rollout_engine_the_trained_policy_is_not_gathered_for_decoding(tmp_path):
+    """A rollout engine holds its own weights and takes them parameter by parameter when stale: the trainer
+    neither enters the backend's generation block (which gathers a ZeRO-3 policy whole) for its rollouts
+    and evaluations, nor lets rank 0's evaluation be the first to refresh the engine (every rank's engine
+    is woken before it). The engine here is a recorder in front of the HF sampler: what is tested is the
+    trainer's side of the contract, the vLLM engine itself is tested in its own virtualenv."""
+    from contextlib import contextmanager
+
+    from agents.training.build import build_trainer
+    from tests.agents.training.tiny import small_config
+
+    trainer = build_trainer(small_config("grpo", tmp_path, {"run.steps": 2, "eval.every": 1, "eval.questions": 2}))
+    calls: list[str] = []
+
+    class Recorder:
+        def wake_up(self) -> None:
+            calls.append("wake_up")
+
+    def factory(greedy: bool, seed: int):
+        calls.append("agent")
+        return trainer._sampler(greedy, seed)
+
+    factory.engine = Recorder()
+    trainer.agent_factory = factory
+    real = trainer.backend.generation
+
+    @contextmanager
+    def generation():
+        calls.append("generation")
+        with real():
+            yield
+
+    trainer.backend.generation = generation
+    try:
+        trainer.train()
+    finally:
+        trainer.close_environments()
+    assert "agent" in calls and "wake_up" in calls
+    # export of the final policy is the one gathering (rank 0 writes it whole); no rollout or evaluation gathers
+    assert calls.count("generation") == 1 and calls[-1] == "generation", calls
+    # each evaluation (start, step 1, final) wakes the engine before its first agent is made
+    evaluations = [i for i, c in enumerate(calls) if c == "wake_up"]
+    assert len(evaluations) == 3 and all(calls[i + 1] == "agent" for i in evaluations), calls

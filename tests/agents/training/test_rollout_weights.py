@@ -1,0 +1,107 @@
+"""What a rollout engine reads of the policy (``TrainingBackend.rollout_weights``): the model's state dict by
+its transformers names, each tensor whole. Under ZeRO-3 (two ranks, ``torchrun``, gloo on the CPU) every
+rank is given the single-process model's tensors while gathering one parameter at a time, and rank 0 alone
+reads them within ``generation()`` (where they are whole, as the trainer's evaluation does); a LoRA policy
+gives its frozen base under the plain model's names, and its adapters alone under peft's."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers")
+import torch  # noqa: E402
+
+from tests.agents.training.ds_rollout_weights import tiny_policy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def assert_same(read: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert list(read) == list(expected)  # the same names, in the state dict's order
+    for name, tensor in expected.items():
+        assert read[name].shape == tensor.shape and torch.equal(read[name], tensor), name
+
+
+def plain_state_dict() -> dict[str, torch.Tensor]:
+    """The tiny model's state dict without adapters: the names and weights a LoRA policy's base must give."""
+    return {name: tensor.clone() for name, tensor in tiny_policy().model.state_dict().items()}
+
+
+def adapter_state_dict(policy) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in policy.model.state_dict().items() if ".lora_" in name}
+
+
+def test_the_torch_backend_gives_the_state_dict():
+    from agents.learners import GRPO
+    from agents.training.backend import build_backend
+    from agents.training.config import TrainConfig
+
+    config = TrainConfig("grpo")
+    policy = tiny_policy()
+    expected = {name: tensor.clone() for name, tensor in policy.model.state_dict().items()}
+    assert_same(dict(build_backend(config, policy, GRPO(config.algorithm)).rollout_weights()), expected)
+
+
+def test_a_lora_policy_gives_its_base_by_the_plain_names_and_its_adapters_by_peft_s():
+    skip_without("lora", "peft")
+    from agents.learners import GRPO
+    from agents.training.backend import build_backend
+    from agents.training.config import TrainConfig
+
+    config = TrainConfig("grpo").updated({"model.lora_rank": 4})
+    policy = tiny_policy(4)
+    backend = build_backend(config, policy, GRPO(config.algorithm))
+    assert_same(dict(backend.rollout_weights()), plain_state_dict())
+    adapters = adapter_state_dict(policy)
+    assert adapters and all(".lora_A.default." in n or ".lora_B.default." in n for n in adapters)
+    assert_same(dict(backend.rollout_weights(adapters=True)), adapters)
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_on_two_ranks(tmp_path: Path, zero: int, lora_rank: int = 0) -> list[dict]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_port()), "-m", "tests.agents.training.ds_rollout_weights", "--backend", "deepspeed",
+               "--zero", str(zero), "--lora-rank", str(lora_rank), "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SEARCHQA_PROGRESS": "0"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [2, 3])
+def test_every_rank_reads_the_single_process_model_one_parameter_at_a_time(tmp_path, zero):
+    skip_without("deepspeed", "deepspeed")
+    expected = plain_state_dict()
+    ranks = read_on_two_ranks(tmp_path, zero)
+    assert_same(ranks[0]["in_generation"], expected)  # rank 0 alone, the weights whole already: no collective
+    for rank in ranks:
+        assert_same(rank["weights"], expected)
+        if zero == 3:
+            # Sharded: most parameters are partitioned, yet at every yield one (the one yielded) is whole.
+            assert rank["partitioned"] >= 10 and rank["most_gathered"] == 1 and rank["gathered_after"] == 0, rank
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_every_zero3_rank_reads_a_lora_policy_s_base_and_adapters(tmp_path):
+    skip_without("deepspeed", "deepspeed")
+    skip_without("lora", "peft")
+    expected_base, adapters = plain_state_dict(), adapter_state_dict(tiny_policy(4))
+    for rank in read_on_two_ranks(tmp_path, 3, lora_rank=4):
+        assert_same(rank["weights"], expected_base)
+        assert_same(rank["adapters"], adapters)
+        assert rank["most_gathered"] == 1 and rank["gathered_after"] == 0, rank
