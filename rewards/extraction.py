@@ -75,8 +75,10 @@ def first_tag_content(text: str, open_tag: str, close_tag: str, *, ignore_case: 
 
 def last_tag_content(text: str, open_tag: str, close_tag: str, *, ignore_case: bool = False) -> str | None:
     """Content of the last ``open_tag…close_tag`` span (unstripped), or ``None``."""
-    contents = tag_contents(text, open_tag, close_tag, ignore_case=ignore_case)
-    return contents[-1] if contents else None
+    last = None
+    for last in _tag_matches(text, open_tag, close_tag, ignore_case):
+        pass
+    return None if last is None else text[last[0].end() : last[1].start()]
 
 
 def remove_tag_spans(text: str, open_tag: str, close_tag: str, *, ignore_case: bool = False) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from functools import lru_cache
 from typing import Callable, Iterable, Literal
 
 __all__ = [
@@ -39,30 +40,53 @@ _R1_BOOLEANS = {"True": "yes", "False": "no"}
 _YES_NO = frozenset({"yes", "no", "noanswer"})
 
 
-def normalize_squad(text: str) -> str:
-    """SQuAD-style normalisation: lowercase, punctuation deleted, articles dropped, spaces collapsed."""
+#: Short texts (up to this many characters) have their normalisation remembered, in a cache of
+#: :data:`MEMO_SIZE` texts per scheme. Answers and golds are short and recur (every sample of a group is
+#: scored against the same golds; a policy repeats its answers), and normalising one takes several
+#: string passes and a regex substitution, most of a search-r1 reward's time. Longer texts are
+#: normalised each time, so the cache holds at most MEMO_SIZE * MEMO_CHARS characters per scheme.
+MEMO_CHARS = 256
+MEMO_SIZE = 4096
+
+
+def _squad(text: str) -> str:
     text = text.lower().translate(_SQUAD_DELETE_PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
-def normalize_r1(text: str) -> str:
-    """R1-Searcher normalisation: exact ``True``/``False`` → ``yes``/``no``; ``_`` and punctuation
-    become spaces (so ``"New_York"`` and ``"new-york"`` both give ``"new york"``); articles dropped."""
+def _r1(text: str) -> str:
     text = _R1_BOOLEANS.get(text, text).replace("_", " ").lower()
     text = text.translate(_R1_PUNCTUATION_TO_SPACE)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+_squad_memo, _r1_memo = lru_cache(maxsize=MEMO_SIZE)(_squad), lru_cache(maxsize=MEMO_SIZE)(_r1)
+
+
+def normalize_squad(text: str) -> str:
+    """SQuAD-style normalisation: lowercase, punctuation deleted, articles dropped, spaces collapsed."""
+    return _squad_memo(text) if type(text) is str and len(text) <= MEMO_CHARS else _squad(text)
+
+
+def normalize_r1(text: str) -> str:
+    """R1-Searcher normalisation: exact ``True``/``False`` → ``yes``/``no``; ``_`` and punctuation
+    become spaces (so ``"New_York"`` and ``"new-york"`` both give ``"new york"``); articles dropped."""
+    return _r1_memo(text) if type(text) is str and len(text) <= MEMO_CHARS else _r1(text)
+
+
 _NORMALIZERS: dict[str, Callable[[str], str]] = {"squad": normalize_squad, "r1": normalize_r1}
+
+
+def _normalizer(normalization: Normalization) -> Callable[[str], str]:
+    try:
+        return _NORMALIZERS[normalization]
+    except KeyError:
+        raise ValueError(f"unknown normalization {normalization!r}; expected one of {sorted(_NORMALIZERS)}") from None
 
 
 def normalize(text: str, normalization: Normalization = "squad") -> str:
     """Normalise ``text`` with the named scheme ("squad" or "r1")."""
-    try:
-        normalizer = _NORMALIZERS[normalization]
-    except KeyError:
-        raise ValueError(f"unknown normalization {normalization!r}; expected one of {sorted(_NORMALIZERS)}") from None
-    return normalizer(text)
+    return _normalizer(normalization)(text)
 
 
 def as_gold_list(golden_answers: str | Iterable[str]) -> list[str]:
@@ -74,8 +98,8 @@ def as_gold_list(golden_answers: str | Iterable[str]) -> list[str]:
 
 def exact_match(prediction: str, golden_answers: str | Iterable[str], *, normalization: Normalization = "squad") -> float:
     """1.0 if the normalised prediction equals any normalised gold, else 0.0."""
-    pred = normalize(prediction, normalization)
-    return float(any(pred == normalize(gold, normalization) for gold in as_gold_list(golden_answers)))
+    normalizer = _NORMALIZERS.get(normalization) or _normalizer(normalization)  # _normalizer raises, naming the schemes
+    return float(normalizer(prediction) in map(normalizer, as_gold_list(golden_answers)))
 
 
 def _token_f1(pred: str, gold: str, yes_no_rule: bool) -> float:

@@ -103,13 +103,12 @@ def score(
     scores 0 otherwise); ``evidence_model``/``judge`` the model callables R-Search and
     Reasoning-search use; ``options`` go to the preset (weights, EOS string …).
     """
-    result = get(preset)(
-        response,
-        as_gold_list(golden_answers),
-        question=question,
-        ended_with_eos=ended_with_eos,
-        evidence_model=evidence_model,
-        judge=judge,
-        **options,
-    )
+    fn = _PRESETS.get(preset) or get(preset)  # get() raises, naming the known presets
+    golds = as_gold_list(golden_answers)
+    if options:
+        result = fn(response, golds, question=question, ended_with_eos=ended_with_eos, evidence_model=evidence_model,
+                    judge=judge, **options)
+    else:  # spelled out: an empty **options still builds a keyword dict per call (the environment scores every episode)
+        result = fn(response, golds, question=question, ended_with_eos=ended_with_eos, evidence_model=evidence_model,
+                    judge=judge)
     return result if isinstance(result, RewardResult) else RewardResult(float(result), {})

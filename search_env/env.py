@@ -10,9 +10,9 @@ and a step result are; :mod:`search_env.resolve` turns the constructor's argumen
 examples and a reward.
 
 Speed: a token that cannot complete a tag (decided once per vocabulary entry) costs a few list appends.
-A chunk of ids (an LLM's generation up to a stop string) is scanned in bulk, and only the token where
-something happens goes through the single-token logic, so a chunk gives exactly the episode that
-feeding its ids one by one gives.
+A chunk of ids (an LLM's generation up to a stop string) is appended in bulk and searched once for the
+first place where something happens (:meth:`~search_env.transition.Transition.advance`), so a chunk
+gives exactly the episode that feeding its ids one by one gives, at a fixed cost of a few calls.
 
 Batched stepping. ``step`` answers each request at once with this environment's
 :class:`~search_env.searching.Searcher`. Callers that step many episodes together
@@ -29,6 +29,7 @@ plan the environment ran is never scored ``unknown_tool``.
 """
 from __future__ import annotations
 
+from functools import partial
 from itertools import accumulate
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,7 +37,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rewards.schedule import StepReward, as_step_reward
+from rewards.registry import score
+from rewards.result import RewardResult
+from rewards.schedule import StepReward
 
 from search_env.data.example import QAExample
 from search_env.episode import EpisodeBuffer, Prompt
@@ -48,12 +51,13 @@ from search_env.searching import MAX_QUERY_CHARS, PlanRequest, Request, Searcher
 from search_env.sources.base import Source
 from search_env.tokenization import TokenCodec, as_codec
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
-from search_env.transition import Stepping, Transition
+from search_env.transition import Call, Stepping, Transition
 from search_env.types import Action, Info, Observation, StepResult, action_ids, observation_space
 
 __all__ = ["SearchQAEnv", "SearchRequest", "PlanRequest", "Request", "MAX_QUERY_CHARS"]
 
 _AGENT_ONLY = (AGENT,)
+_STEP_IN_PROGRESS = "a step is in progress: give it its results (take_results) and finish it (finish_step)"
 
 
 class SearchQAEnv(gym.Env[Observation, Action]):
@@ -135,7 +139,12 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         self.protocol = offer_plan_tools(protocol, self.sources, self.source_aliases)
         plan_names = sorted(set(self.sources) | set(self.source_aliases))
         self.reward, self.reward_options = resolve_reward(self.protocol, reward, reward_options, plan_names)
-        self._score = as_step_reward(self.reward)  # one scoring path for a preset name and a StepReward
+        # The scorer of an episode's end. A preset name scores the same at every step: rewards.score is
+        # called on it directly, which is all rewards.Preset(name) does, without that layer's keyword
+        # repacking (a good part of an answer turn's cost). A StepReward is called with the training step.
+        self._score: Callable[..., RewardResult] = (
+            partial(score, self.reward) if isinstance(self.reward, str) else self._score_at_step
+        )
         self.evidence_model, self.judge = evidence_model, judge
         self._reward_step = 0
         self.use_chat = bool(self.codec.chat_template) if chat_template is None else chat_template
@@ -159,7 +168,8 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         self._episode: EpisodeBuffer | None = None  # the current (or last) episode's record
         # The step in progress (see start_step), kept in plain attributes: a batch starts one per
         # episode and token, so an object per step would cost the batched token step measurably.
-        self._stepping: Stepping | None = None  # the transition, paused at a request; None: no step
+        self._in_step = False  # a step has started and not finished (start_step ... finish_step)
+        self._stepping: Stepping | None = None  # the transition, paused at a request; None: none waits
         self._request: Request | None = None  # the request it waits on
         self._step_start = 0  # the token index where the step's observation begins
         self._step_chunk = False  # the action was a chunk (its info reports "consumed")
@@ -179,6 +189,7 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         else:
             example = self.examples[int(self.np_random.integers(len(self.examples)))]
         self._episode = EpisodeBuffer(example, self.protocol.name, self._prompt(example.question))
+        self._in_step = False
         self._stepping = self._request = None
         return self.first_observation(example)
 
@@ -202,7 +213,7 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         ep = self._episode
         if ep is None or ep.end_reason is not None:
             raise gym.error.ResetNeeded("step() called on a finished episode (or before reset()); call reset()")
-        if type(action) is int or isinstance(action, np.integer):
+        if type(action) is int or (type(action) is not list and isinstance(action, np.integer)):  # a chunk skips the numpy check
             a = int(action)
             if a < 0 or a >= self._vocab:
                 raise ValueError(f"token id {a} is outside the action space Discrete({self._vocab})")
@@ -219,7 +230,16 @@ class SearchQAEnv(gym.Env[Observation, Action]):
                 ep.end("max_new_tokens" if ep.n_new >= self.max_new_tokens else "max_context", truncated=True)
                 self._finish(ep)
                 return self._step_result(ep, len(ep.ids) - 1, None)
-        request = self.start_step(action)
+        ids, chunk = action_ids(action, self._vocab)
+        if self._in_step:
+            raise RuntimeError(_STEP_IN_PROGRESS)
+        start = len(ep.ids)
+        used, call = self._transition.advance(ep, ids)
+        if call is None:  # no search call closed (an answer turn, most chunks): no step to hold open
+            if ep.end_reason is not None:
+                self._finish(ep)
+            return self._step_result(ep, start, used if chunk else None)
+        request = self._hold(ep, start, chunk, ids, used, call)
         while request is not None:
             request = self.take_results(self.searcher.answer({0: request})[0])
         return self.finish_step()
@@ -254,11 +274,24 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         ep = self._episode
         if ep is None or ep.end_reason is not None:
             raise gym.error.ResetNeeded("start_step() called on a finished episode (or before reset()); call reset()")
-        if self._stepping is not None:
-            raise RuntimeError("a step is in progress: give it its results (take_results) and finish it (finish_step)")
-        self._step_start, self._step_chunk = len(ep.ids), chunk
-        self._stepping = self._transition.advance(ep, ids)
-        return self._resume(ep, self._stepping, None)
+        if self._in_step:
+            raise RuntimeError(_STEP_IN_PROGRESS)
+        self._in_step = True
+        start = len(ep.ids)
+        used, call = self._transition.advance(ep, ids)
+        if call is not None:
+            return self._hold(ep, start, chunk, ids, used, call)
+        self._step_start, self._step_chunk, self._consumed = start, chunk, used  # the step has run to its end
+        if ep.end_reason is not None:
+            self._finish(ep)
+        return None
+
+    def _hold(self, ep: EpisodeBuffer, start: int, chunk: bool, ids: list[int], used: int, call: Call) -> Request | None:
+        """Hold open a step whose search call closed (``ids`` taken up to ``used``; the step's observation
+        begins at token ``start``), and run it on to the call's request."""
+        self._in_step, self._step_start, self._step_chunk = True, start, chunk
+        self._stepping = stepping = self._transition.with_calls(ep, ids, used, call)
+        return self._resume(ep, stepping, None)
 
     @property
     def pending_request(self) -> Request | None:
@@ -277,11 +310,11 @@ class SearchQAEnv(gym.Env[Observation, Action]):
     def finish_step(self) -> StepResult:
         """End the step in progress and return what :meth:`step` returns for it."""
         ep = self._episode
-        if self._stepping is None or ep is None:
+        if not self._in_step or ep is None:
             raise RuntimeError("no step in progress: call start_step() first")
         if self._request is not None:
             raise RuntimeError("the step still waits on its search request: call take_results() first")
-        self._stepping = None
+        self._in_step = False
         return self._step_result(ep, self._step_start, self._consumed if self._step_chunk else None)
 
     def _resume(self, ep: EpisodeBuffer, stepping: Stepping, value: Any) -> Request | None:
@@ -290,7 +323,8 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         try:
             self._request = stepping.send(value)
         except StopIteration as stop:
-            self._request, self._consumed = None, stop.value
+            self._stepping = self._request = None
+            self._consumed = stop.value
             if ep.end_reason is not None:
                 self._finish(ep)
         return self._request
@@ -373,23 +407,30 @@ class SearchQAEnv(gym.Env[Observation, Action]):
     # The end of an episode: the reward, computed once
     def _finish(self, ep: EpisodeBuffer) -> None:
         traj = ep.complete(self.protocol)
-        result = self._score(
-            traj.response_text, traj.golden_answers, step=self._reward_step, question=traj.question,
-            ended_with_eos=ep.end_reason == "eos", evidence_model=self.evidence_model, judge=self.judge,
-            **self.reward_options,
-        )
+        eos = ep.end_reason == "eos"
+        if self.reward_options:
+            result = self._score(traj.response_text, traj.golden_answers, question=traj.question, ended_with_eos=eos,
+                                 evidence_model=self.evidence_model, judge=self.judge, **self.reward_options)
+        else:  # spelled out: an empty **options still builds a keyword dict per call, a measurable part of an answer turn
+            result = self._score(traj.response_text, traj.golden_answers, question=traj.question, ended_with_eos=eos,
+                                 evidence_model=self.evidence_model, judge=self.judge)
         traj.reward = float(result.total)
         traj.reward_components = dict(result.components)
         ep.event("end")
+
+    def _score_at_step(self, response: str, golden_answers: list[str], **kwargs: Any) -> RewardResult:
+        """Score with the StepReward at the training step set by :meth:`set_reward_step`."""
+        return self.reward(response, golden_answers, step=self._reward_step, **kwargs)  # type: ignore[operator]
 
     def _step_result(self, ep: EpisodeBuffer, start: int, consumed: int | None) -> StepResult:
         """What the step that began at token ``start`` made visible, and the episode's end if it came."""
         obs: Observation = {"token_ids": tuple(ep.ids[start:]), "producers": tuple(ep.producers[start:])}
         info: Info = {} if consumed is None else {"consumed": consumed}
-        if ep.events:
-            info["events"] = ep.take_events()
+        if ep.events:  # the step's events, leaving none for the next step
+            info["events"], ep.events = ep.events, []
         if ep.end_reason is None:
             return obs, 0.0, False, False, info
         traj = ep.trajectory
-        info.update(trajectory=traj, reward_components=traj.reward_components, answer=traj.answer, end_reason=traj.end_reason)
+        info["trajectory"], info["reward_components"] = traj, traj.reward_components
+        info["answer"], info["end_reason"] = traj.answer, traj.end_reason
         return obs, traj.reward, not ep.truncated, ep.truncated, info

@@ -64,23 +64,24 @@ class EpisodeBuffer:
             producers=self.producers, trained=bytearray(), counters=self.counters,
         )
 
-    def append_agent_token(self, a: int, token_bytes: Sequence[bytes]) -> None:
-        """Append one agent token (the environment's per-token fast path does the same inline)."""
-        self.ids.append(a)
-        self.producers.append(AGENT)
-        self.text += token_bytes[a]
-        self.ends.append(len(self.text))
-        self.n_new += 1
-
     def append_agent(self, ids: Sequence[int], token_bytes: Sequence[bytes]) -> None:
-        """Append a run of agent tokens (none of which needs the environment's attention)."""
-        base = len(self.text)
+        """Append a run of agent tokens. The bytes go on one token at a time, in place: up to a few
+        hundred ids that is cheaper than building the run's pieces, their joined bytes and their
+        running lengths first, whose fixed cost dominates the short runs LLM chunks mostly are."""
+        text, ends = self.text, self.ends
+        for t in ids:
+            text += token_bytes[t]
+            ends.append(len(text))
         self.ids.extend(ids)
-        self.producers.extend(_AGENT_BYTE * len(ids))
-        pieces = [token_bytes[t] for t in ids]
-        self.ends.extend(x + base for x in accumulate(map(len, pieces)))
-        self.text += b"".join(pieces)
+        self.producers += _AGENT_BYTE * len(ids)
         self.n_new += len(ids)
+
+    def take_back(self, length: int) -> None:
+        """Drop the agent tokens after the first ``length`` tokens (a run appended in bulk went on past
+        the token where something happens; its rest is appended again after that)."""
+        self.n_new -= len(self.ids) - length
+        del self.text[self.ends[length - 1] :]
+        del self.ids[length:], self.producers[length:], self.ends[length:]
 
     def append_environment(self, ids: Sequence[int], token_bytes: Sequence[bytes], kind: str) -> None:
         """Append an observation of ``kind`` (``result`` or ``error``); the next turn starts after it."""
@@ -97,16 +98,12 @@ class EpisodeBuffer:
 
     def add_span(self, kind: str, byte_start: int, byte_end: int) -> None:
         """Record a span of agent text (``call`` or ``answer``) by its bytes."""
-        self.trajectory.spans.append(Span(kind, *token_range(self.ends, byte_start, byte_end)))
+        first, end = token_range(self.ends, byte_start, byte_end)
+        self.trajectory.spans.append(Span(kind, first, end))
 
     def event(self, name: str) -> None:
         """Note that ``name`` happened at the current token (reported in the step's ``info``)."""
         self.events.append({"event": name, "token_index": len(self.ids)})
-
-    def take_events(self) -> list[dict[str, Any]]:
-        """The step's events, leaving none for the next step."""
-        events, self.events = self.events, []
-        return events
 
     def decode(self, begin: int, end: int | None = None) -> str:
         """The text of bytes ``[begin, end)`` (a broken UTF-8 sequence becomes U+FFFD)."""
@@ -121,14 +118,16 @@ class EpisodeBuffer:
     def complete(self, protocol: Protocol) -> Trajectory:
         """Fill in what the trajectory knows only at the end: the response text, the first answer's
         content, the trained-on mask, and whether a budget cut a call short."""
-        call_open, call_close = protocol.call_open.encode(), protocol.call_close.encode()
-        if self.truncated and self.text.rfind(call_open, self.turn_start) > self.text.rfind(call_close, self.turn_start):
-            self.counters["unterminated_calls"] += 1
+        if self.truncated:
+            call_open, call_close = protocol.call_open.encode(), protocol.call_close.encode()
+            if self.text.rfind(call_open, self.turn_start) > self.text.rfind(call_close, self.turn_start):
+                self.counters["unterminated_calls"] += 1
         traj = self.trajectory
         traj.response_text = self.decode(self.prompt_bytes)
         if self.answer_at is not None:
             traj.answer = self.decode(*self.answer_at).strip()
-        traj.trained = self.trained_mask(protocol.untrained_agent_spans)
+        spans = protocol.untrained_agent_spans
+        traj.trained = self.trained_mask(spans) if spans else bytearray(self.producers)  # no spans: the producer mask
         return traj
 
     def trained_mask(self, untrained_spans: Sequence[tuple[str, str]]) -> bytearray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from itertools import compress, count
 from typing import Any, Sequence
 
 from search_env._optional import requires_extra
@@ -77,6 +78,7 @@ class TokenCodec:
         self.pad_id = self._find_pad_id()
         self.token_bytes: list[bytes] = self._build_byte_table(backend)
         self._tag_tables: dict[frozenset[int], tuple[list[bool], list[bool]]] = {}
+        self._attention_ids: dict[frozenset[int], frozenset[int]] = {}
         self._encoded: dict[str, tuple[int, ...]] = {}
 
     # -- construction helpers -------------------------------------------------------------------
@@ -142,6 +144,14 @@ class TokenCodec:
             attention = [flag or (i in self.eos_ids) for i, flag in enumerate(may_close)]
             tables = self._tag_tables[final_bytes] = (may_close, attention)
         return tables
+
+    def attention_ids(self, final_bytes: frozenset[int]) -> frozenset[int]:
+        """The ids whose ``tag_tables(final_bytes)`` attention flag is set, as a set: one C-level
+        ``isdisjoint`` then tells whether a chunk of ids holds any. Built once per set of tags."""
+        ids = self._attention_ids.get(final_bytes)
+        if ids is None:
+            ids = self._attention_ids[final_bytes] = frozenset(compress(count(), self.tag_tables(final_bytes)[1]))
+        return ids
 
     # -- text <-> ids -----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -18,6 +18,7 @@ acyclic) and answers any other with an error observation listing the violations.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Any, Collection, Generator, Sequence
 
@@ -31,10 +32,12 @@ from search_env.trajectory import ToolCall
 
 __all__ = ["Transition"]
 
-_CALL, _ANSWER = 0, 1  # the watched close tags, by their position in the scanner's tags
+_CALL = 0  # the call's close tag, by its position in the scanner's tags (the answer's is 1)
 
 #: What the transition yields (search requests), what it is sent back (their results), and what it returns.
 Stepping = Generator[Request, Any, int]
+#: One closed search call's transition: it yields the call's request and is sent its results.
+Call = Generator[Request, Any, None]
 
 
 class Transition:
@@ -69,44 +72,74 @@ class Transition:
         self.max_new_tokens, self.max_context, self.max_turns = max_new_tokens, max_context, max_turns
         self.top_k, self.default_source, self.plan_sources = top_k, default_source, set(plan_sources)
         self.max_result_tokens = max_result_tokens
+        # The tags the transition looks for in the episode's bytes, encoded once.
+        self._call_open, self._answer_open = protocol.call_open.encode(), protocol.answer_open.encode()
+        self._answer_close = protocol.answer_close.encode()
 
-    def advance(self, ep: EpisodeBuffer, ids: Sequence[int]) -> Stepping:
-        """Take an action's ids until they run out or the episode ends; returns how many were used.
-        Runs of ids that need no attention are appended in bulk, the others one by one, so a chunk
-        gives exactly the episode its ids give one at a time."""
+    def advance(self, ep: EpisodeBuffer, ids: Sequence[int], i: int = 0) -> tuple[int, Call | None]:
+        """Take ``ids`` from ``i`` on until they run out, the episode ends or a search call closes. Returns
+        the index after the last id taken, and the closed call's transition (None when no call closed),
+        which :meth:`with_calls` runs with the rest of the ids.
+
+        A chunk gives exactly the episode its ids give one at a time. The ids the budgets leave room for
+        are appended as one run. When one of them may need attention (one set test tells), the run's
+        first event is found at once: the earliest watched tag that ends in its bytes
+        (:meth:`TagScanner.first_tag`, a ``bytes.find`` per tag) or its first EOS id; the ids after the
+        event's token are taken back off, and taken again once the event is handled. So a chunk, an
+        answer turn above all, pays a fixed cost of a few calls rather than one per id, and a step
+        without a search call runs as plain calls: no generator is made, resumed and stopped for it."""
         n = len(ids)
-        i = 0
+        scanner, token_bytes = self.scanner, self.token_bytes
         while i < n and ep.end_reason is None:
             room = min(self.max_new_tokens - ep.n_new, self.max_context - len(ep.ids))
-            j = self.scanner.next_attention(ids, i, room, ep.text, ep.turn_start)
-            if j > i:
-                ep.append_agent(ids[i:j], self.token_bytes)
-            if j < n:
-                yield from self._agent_token(ep, ids[j])
-                j += 1
-            i = j
+            stop = i + room if i + room < n else n
+            run = ids[i:stop]
+            if scanner.attention_ids.isdisjoint(run):
+                ep.append_agent(run, token_bytes)
+                i = stop
+            else:
+                first, after = len(ep.ids), len(ep.text)
+                eos = None
+                if not scanner.eos_ids.isdisjoint(run):
+                    eos = next(k for k, t in enumerate(run) if t in scanner.eos_ids)
+                    run = run[: eos + 1]
+                ep.append_agent(run, token_bytes)
+                found = scanner.first_tag(ep.text, after, ep.turn_start)
+                if found is not None:
+                    tag, at, end = found
+                    last = bisect.bisect_left(ep.ends, end, first)  # the token that completes the tag
+                    if last + 1 < len(ep.ids):
+                        ep.take_back(last + 1)
+                    i += last + 1 - first
+                    if tag == _CALL:
+                        return i, self._close_call(ep, at)
+                    self._close_answer(ep, at)
+                elif eos is not None:
+                    ep.end("eos", truncated=False)
+                    return i + eos + 1, None
+                else:
+                    i += len(run)
+            self._check_budgets(ep)
+        return i, None
+
+    def with_calls(self, ep: EpisodeBuffer, ids: Sequence[int], i: int, call: Call | None) -> Stepping:
+        """The rest of a step whose search call closed (``call``, from :meth:`advance`, with ``ids`` taken
+        up to ``i``): a generator that yields each call's request, is sent its results, takes the ids
+        after it (running each further call the same way) and returns how many ids were used."""
+        while call is not None:
+            yield from call
+            self._check_budgets(ep)  # the call's close tag may have been the budget's last token
+            i, call = self.advance(ep, ids, i)
         return i
 
-    def _agent_token(self, ep: EpisodeBuffer, a: int) -> Generator[Request, Any, None]:
-        before = len(ep.text)
-        ep.append_agent_token(a, self.token_bytes)
-        if a in self.scanner.eos_ids:
-            ep.end("eos", truncated=False)
-            return
-        if self.scanner.may_close[a]:
-            completed = self.scanner.completed_tag(ep.text, before, ep.turn_start)
-            if completed is not None:
-                tag, at = completed
-                if tag == _ANSWER:
-                    self._close_answer(ep, at)
-                else:
-                    yield from self._close_call(ep, at)
+    def _check_budgets(self, ep: EpisodeBuffer) -> None:
+        """End the episode, truncated, when its last token used up the token or the context budget."""
         if ep.end_reason is None and (ep.n_new >= self.max_new_tokens or len(ep.ids) >= self.max_context):
             ep.end("max_new_tokens" if ep.n_new >= self.max_new_tokens else "max_context", truncated=True)
 
     def _close_answer(self, ep: EpisodeBuffer, at: int) -> None:
         p = self.protocol
-        opened = ep.text.rfind(p.answer_open.encode(), ep.turn_start, at)
+        opened = ep.text.rfind(self._answer_open, ep.turn_start, at)
         if opened == -1:
             ep.counters["invalid_calls"] += 1
             self._insert(ep, p.invalid_action_text or p.error_text(f"{p.answer_close} without {p.answer_open}"), "error", "invalid_answer")
@@ -119,14 +152,14 @@ class Transition:
         else:
             ep.event("answer")
 
-    def _close_call(self, ep: EpisodeBuffer, at: int) -> Generator[Request, Any, None]:
+    def _close_call(self, ep: EpisodeBuffer, at: int) -> Call:
         p = self.protocol
         text, turn = ep.text, ep.turn_start
-        if text.rfind(p.answer_open.encode(), turn, at) > text.rfind(p.answer_close.encode(), turn, at):
+        if text.rfind(self._answer_open, turn, at) > text.rfind(self._answer_close, turn, at):
             ep.counters["calls_inside_answer"] += 1
             ep.event("call_inside_answer")
             return
-        opened = text.rfind(p.call_open.encode(), turn, at)
+        opened = text.rfind(self._call_open, turn, at)
         if opened == -1:
             ep.counters["invalid_calls"] += 1
             self._insert(ep, p.invalid_action_text or p.error_text(f"{p.call_close} without {p.call_open}"), "error", "invalid_call")

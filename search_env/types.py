@@ -49,16 +49,23 @@ def action_ids(action: Any, vocab: int) -> tuple[list[int], bool]:
     Raises ``ValueError`` for anything but an integer id or a sequence or array of integer ids (a
     float, a str or bools), and for an id outside ``[0, vocab)``.
     """
-    if type(action) is int or isinstance(action, np.integer):
-        ids, chunk = [int(action)], False
-    elif isinstance(action, (list, tuple)):
+    if isinstance(action, (list, tuple)):  # first: a chunk is the usual action that gets here
         ids, chunk = list(action), True
+        # Plain ints in range (a sampler's chunk) pass in one loop, cheaper than the C-level passes
+        # below for chunks of up to hundreds of ids; anything else gets the full checks and their messages.
+        for t in ids:
+            if type(t) is not int or t < 0 or t >= vocab:
+                break
+        else:
+            return ids, chunk
         kinds = set(map(type, ids))
         if kinds - {int}:
             if not all(kind is not bool and issubclass(kind, (int, np.integer)) for kind in kinds):
                 names = ", ".join(sorted(kind.__name__ for kind in kinds))
                 raise ValueError(f"token ids must be integers, not {names}")
             ids = [int(t) for t in ids]
+    elif type(action) is int or isinstance(action, np.integer):
+        ids, chunk = [int(action)], False
     elif isinstance(action, np.ndarray) or hasattr(action, "__array__"):
         array = np.asarray(action)
         if array.dtype.kind not in "iu":
