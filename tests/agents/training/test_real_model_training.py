@@ -237,11 +237,19 @@ def test_the_logs_hold_finite_losses_and_the_runs_figures(run):
 
 
 def test_the_update_changed_the_weights_and_the_checkpoint_holds_them(run):
+    """The checkpoint holds the trained weights; the reference, the model as loaded, is left out (a resume
+    loads it again) and only its digest is kept, which is the digest of the initial weights."""
+    from agents.training.checkpoint import tensors_sha256
+
     live = dict(run.trainer.policy.named_parameters())
     state = load_checkpoint(run.output_dir / "checkpoint.pt")
     assert state["step"] == STEPS and state["algo"] == "grpo"
     backend = load_checkpoint(run.output_dir / state["backend_dir"] / "backend.pt")
-    saved, reference = backend["policy"], backend["reference"]
+    saved = backend["policy"]
+    assert "reference" not in backend
+    held = run.trainer.backend.reference
+    assert backend["rebuilt_sha256"] == tensors_sha256([(f"reference.{n}", t) for n, t in held.named_parameters()])
+    reference = held.state_dict()
     for name in WATCHED:
         assert not torch.equal(live[name].detach(), run.initial[name]), f"{name} did not change"
         assert torch.equal(saved[name], live[name].detach())
