@@ -121,8 +121,9 @@ def run(shared_data, tmp_path_factory) -> Run:
 def test_the_command_trains_and_reports_its_files(run):
     assert run.exit_status == 0, run.stdout
     lines = run.stdout.splitlines()
-    assert lines[0] == f"grpo: {STEPS} of {STEPS} steps"
-    files = {line.split(":", 1)[0]: Path(line.split(":", 1)[1].strip()) for line in lines[1:] if ":" in line}
+    summary = f"grpo: {STEPS} of {STEPS} steps"
+    assert summary in lines, run.stdout
+    files = {line.split(":", 1)[0]: Path(line.split(":", 1)[1].strip()) for line in lines[lines.index(summary) + 1:] if ":" in line}
     assert set(files) == {"curve", "metrics", "checkpoint", "policy"}
     assert all(path.exists() and path.parent == run.output_dir for path in files.values())
     assert (run.output_dir / "tensorboard").is_dir()  # run.report_to's default
