@@ -20,6 +20,7 @@ from typing import Generator, Protocol as TypingProtocol, Sequence
 from agents.baselines.text import TextGenerator
 from agents.rollout.agent import Chunk
 from agents.scripted.agents import DialectWriter
+from agents.scripted.rollout_agent import text_chunk
 from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
@@ -78,7 +79,6 @@ class BaselineAgent:
 
     def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
         self._codec, self._protocol = codec, protocol
-        self._eos = min(codec.eos_ids)
         writer = DialectWriter(protocol)
         self._episodes: list[Episode | None] = [self.baseline.play(example, writer) for example in examples]
         self._sends: list[str | None] = [None] * len(examples)  # what resumes each script (None starts it)
@@ -94,11 +94,7 @@ class BaselineAgent:
         writes = {row: step for row, step in steps.items() if isinstance(step, Write)}  # every row's, now
         chunks = []
         for row, budget in zip(rows, budgets):
-            text = writes[row].text
-            ids = self._codec.encode(text) if text else []
-            if not text or (not self._protocol.answer_ends_episode and self._protocol.answer_close in text):
-                ids.append(self._eos)
-            chunks.append(Chunk(ids[:budget]))
+            chunks.append(text_chunk(writes[row].text, self._codec, self._protocol, budget))
         return chunks
 
     def feed(self, row: int, token_ids: Sequence[int]) -> None:

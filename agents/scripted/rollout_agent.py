@@ -10,7 +10,17 @@ from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
-__all__ = ["ScriptedRolloutAgent"]
+__all__ = ["ScriptedRolloutAgent", "text_chunk"]
+
+
+def text_chunk(text: str, codec: TokenCodec, protocol: Protocol, budget: int) -> Chunk:
+    """A turn written as text, as the ids an LLM would have sampled: its tokens, then end-of-sequence when
+    the turn is empty (the agent has nothing more to say) or closes an answer of a protocol whose answer
+    does not end the episode by itself; cut to ``budget`` ids."""
+    ids = codec.encode(text) if text else []
+    if not text or (not protocol.answer_ends_episode and protocol.answer_close in text):
+        ids.append(min(codec.eos_ids))
+    return Chunk(ids[:budget])
 
 
 class ScriptedRolloutAgent:
@@ -27,7 +37,6 @@ class ScriptedRolloutAgent:
 
     def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
         self._codec, self._protocol, self._writer = codec, protocol, DialectWriter(protocol)
-        self._eos = min(codec.eos_ids)
         self._agents: list[ScriptedAgent | None] = [self.make_agent() for _ in prompt_ids]
         for agent, example in zip(self._agents, examples):
             agent.start(example)
@@ -37,10 +46,7 @@ class ScriptedRolloutAgent:
         chunks = []
         for row, budget in zip(rows, budgets):
             text = self._agents[row].next_text(self._writer, self._observations[row])
-            ids = self._codec.encode(text) if text else []
-            if not text or (not self._protocol.answer_ends_episode and self._protocol.answer_close in text):
-                ids.append(self._eos)
-            chunks.append(Chunk(ids[:budget]))
+            chunks.append(text_chunk(text, self._codec, self._protocol, budget))
         return chunks
 
     def feed(self, row: int, token_ids: Sequence[int]) -> None:
