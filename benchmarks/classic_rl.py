@@ -13,28 +13,32 @@ answer with a value) and observes a small feature vector; the reward is the envi
 observation is made for) play the same held-out questions once per seed. Every held-out question is
 played once per evaluation, so an evaluation is a mean over ``--eval-questions`` episodes.
 
-Prints a table (medians over the seeds) and writes ``curve.csv`` (every evaluation), ``table.md`` (the
-table) and ``curve.png`` (held-out reward against timesteps) into ``--output-dir``. ``--quick`` runs
-about a minute on two CPU cores. Measured results are in ``benchmarks/RESULTS.md``.
+Prints a table (medians over the seeds) and writes ``classic_rl.md`` (the table), ``classic_rl.csv`` (every
+evaluation), ``classic_rl.json`` (the settings and every evaluation) and ``classic_rl.png`` (held-out reward
+against timesteps) into ``--output-dir`` (before 2026-11-26: ``table.md``, ``curve.csv`` and ``curve.png``).
+``--quick`` runs about a minute on two CPU cores. Measured results are in ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks.report_files import command_line, write_results
 from search_env._optional import requires_extra
 from search_env.console import HelpFormatter
 from search_env.resolve import resolve_sources
 from search_env.synthetic import generate_world
 from search_env.wrappers import MacroActions
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PPO_SETTINGS", "chain_env", "evaluate", "format_table", "main", "plot", "run_seed"]
 
@@ -146,17 +150,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> Path:
+def plot(rows: list[dict[str, Any]], figure: Figure) -> None:
     """Held-out reward against timesteps: each seed's PPO curve, their median, and the random and
     scripted policies' median rewards."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ppo = [row for row in rows if row["policy"] == "PPO"]
     steps = sorted({row["timesteps"] for row in ppo})
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax = figure.subplots()
     for seed in sorted({row["seed"] for row in ppo}):
         mine = [row for row in ppo if row["seed"] == seed]
         ax.plot([row["timesteps"] for row in mine], [row["reward"] for row in mine], color="C0", alpha=0.3, linewidth=1)
@@ -169,10 +168,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
            title="SB3 PPO on SearchQA-v0 macro actions (1- and 2-hop chain questions)")
     ax.title.set_fontsize(10)
     ax.legend(loc="lower right", bbox_to_anchor=(1, 0.1), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -184,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one PPO run (and random policy) per seed")
     parser.add_argument("--world-seed", type=int, default=0, help="seed of the training world")
     parser.add_argument("--eval-world-seed", type=int, default=1, help="seed of the held-out world")
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/classic_rl"), help="where curve.csv, table.md and curve.png go")
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/classic_rl"),
+                        help="where classic_rl.md, .csv, .json and .png go")
     parser.add_argument("--quick", action="store_true", help="a run of about a minute (the --quick settings above)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
@@ -207,13 +203,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     table = format_table(rows)
     print()
     print(table)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    with open(args.output_dir / "curve.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (args.output_dir / "table.md").write_text(table + "\n", encoding="utf-8")
-    print(f"curve: {plot(rows, args.output_dir / 'curve.png')}; rows: {args.output_dir / 'curve.csv'}")
+    settings = {**vars(args), "timesteps": timesteps, "eval_every": eval_every, "eval_questions": eval_questions,
+                "ppo": PPO_SETTINGS}
+    write_results(args.output_dir, "classic_rl", title="Stable-Baselines3 PPO on macro actions, against a random policy",
+                  command=command_line(parser.prog, argv), body=table, rows=rows, data={"settings": settings, "evaluations": rows},
+                  plot=lambda figure: plot(rows, figure))
     return table
 
 

@@ -12,18 +12,27 @@ and ``x4``: the fastest run divided by the fastest run at a quarter of the size 
 16 when quadratic; below 4 where a reading limit stops work early; the fastest run is the least
 disturbed by other load, and still noisy for plans that take well under a millisecond).
 
-Run: ``python -m benchmarks.dag_parse_adversarial`` (``--help`` for options).
+Run: ``python -m benchmarks.dag_parse_adversarial`` (``--help`` for options); ``--output-dir DIR`` writes
+``dag_parse_adversarial.md``, ``.csv`` and ``.json`` (one row per plan) and ``.png`` (each plan's median
+against the target) there.
 """
 from __future__ import annotations
 
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from benchmarks.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 from search_env.dag import parse_plan, validate_plan
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 KNOWN_SOURCES = ("news", "general", "academy")
 TARGET_MS = 50.0
@@ -167,31 +176,55 @@ def run_ms(text: str, repeats: int) -> list[float]:
     return times
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def plot(rows: Sequence[dict[str, Any]], figure: Figure) -> None:
+    """Each plan's median time, slowest at the top, against the target."""
+    ordered = sorted(rows, key=lambda row: row["median_ms"])
+    figure.set_size_inches(6.4, 0.16 * len(rows) + 1.5)
+    ax = figure.subplots()
+    ax.barh([row["plan"] for row in ordered], [row["median_ms"] for row in ordered], color="C0")
+    ax.axvline(TARGET_MS, color="C3", linestyle="--", label=f"target: {TARGET_MS:g} ms")
+    ax.set(xlabel="parse_plan + validate_plan, median ms (log scale)", xscale="log", title="Hostile NL-DAG plans")
+    ax.tick_params(axis="y", labelsize=6)
+    ax.legend(fontsize=8)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dag_parse_adversarial", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--size", type=int, default=100_000, help="characters per plan (about)")
     parser.add_argument("--repeats", type=int, default=7, help="runs per plan (median taken)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-text plans")
+    parser.add_argument("--output-dir", type=Path, default=None, help="write dag_parse_adversarial.md, .csv, .json and .png here")
     args = parser.parse_args(argv)
 
     plans = adversarial_plans(args.size, args.seed)
     quarter = adversarial_plans(args.size // 4, args.seed)
-    print(f"parse_plan + validate_plan on {len(plans)} adversarial plans of about {args.size // 1000} KB; "
-          f"median of {args.repeats} runs; target < {TARGET_MS:g} ms")
+    heading = (f"parse_plan + validate_plan on {len(plans)} adversarial plans of about {args.size // 1000} KB; "
+               f"median of {args.repeats} runs; target < {TARGET_MS:g} ms")
+    print(heading)
     print(f"{'plan':<28}{'chars':>8}{'lines':>7}{'violations':>11}{'median ms':>11}{'x4':>7}")
-    medians = []
+    rows = []
     for name, text in plans.items():
         times = run_ms(text, args.repeats)
         median = statistics.median(times)
         growth = min(times) / max(min(run_ms(quarter[name], args.repeats)), 1e-6)
-        medians.append(median)
+        rows.append({"plan": name, "chars": len(text), "lines": text.count(chr(10)) + 1, "violations": parse_and_validate(text),
+                     "median_ms": median, "min_ms": min(times), "max_ms": max(times), "x4": growth})
         flag = "" if median < TARGET_MS else "  over target"
-        print(f"{name:<28}{len(text):>8}{text.count(chr(10)) + 1:>7}{parse_and_validate(text):>11}"
-              f"{median:>11.2f}{growth:>7.1f}{flag}")
+        print(f"{name:<28}{len(text):>8}{rows[-1]['lines']:>7}{rows[-1]['violations']:>11}{median:>11.2f}{growth:>7.1f}{flag}")
+    medians = [row["median_ms"] for row in rows]
     over = sum(median >= TARGET_MS for median in medians)
-    print(f"slowest {max(medians):.2f} ms, median of the medians {statistics.median(medians):.2f} ms, "
-          f"{over} of {len(medians)} plans at or over {TARGET_MS:g} ms")
+    verdict = (f"slowest {max(medians):.2f} ms, median of the medians {statistics.median(medians):.2f} ms, "
+               f"{over} of {len(medians)} plans at or over {TARGET_MS:g} ms")
+    print(verdict)
+    if args.output_dir is not None:
+        body = (f"{heading}.\n\n{markdown_table(rows)}\n\n{verdict}. x4: the fastest run over the fastest run at a quarter "
+                "of the size (about 4 when linear, 16 when quadratic).")
+        write_results(args.output_dir, "dag_parse_adversarial", title="Reading and validating hostile NL-DAG plans",
+                      command=command_line(parser.prog, argv), body=body, rows=rows,
+                      data={"settings": vars(args), "target_ms": TARGET_MS, "over_target": over, "plans": rows},
+                      plot=lambda figure: plot(rows, figure))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

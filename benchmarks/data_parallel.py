@@ -2,13 +2,14 @@
 the torch backend, then 2 ranks under DeepSpeed ZeRO-2 and ZeRO-3 (torchrun, gloo on a CPU), on the same
 global batch, side by side::
 
-    python -m benchmarks.data_parallel                 # prints the table; --hidden/--layers size the model
+    python -m benchmarks.data_parallel [--hidden 640 --layers 10] [--output-dir DIR]
 
 Per rank it reports the median update time (score + advantages + one optimiser step over two
 micro-batches per rank), the bytes of parameters and optimiser state the rank holds (its parameter shards
 or whole parameters, the AdamW moments and any master-weight partition of its own, each storage once;
 all three train in fp32), its peak resident memory, and the summed loss of the update (the same for all
-three: the maths do not change with the ranks).
+three: the maths do not change with the ranks). ``--output-dir DIR`` writes the table as ``data_parallel.md``,
+``.csv`` and ``.json`` (with every rank's figures) there.
 """
 from __future__ import annotations
 
@@ -23,8 +24,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Sequence
+
+from benchmarks.report_files import command_line, markdown_table, write_results
+from search_env.console import HelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: The setups compared: label, the name of the workers' files, ranks, and the worker's backend arguments.
+SETUPS = (("1 process (torch)", "single", 1, ("--backend", "torch")),
+          ("2 ranks ZeRO-2", "zero2", 2, ("--backend", "deepspeed", "--zero", "2")),
+          ("2 ranks ZeRO-3", "zero3", 2, ("--backend", "deepspeed", "--zero", "3")))
 
 
 def _held_bytes(backend) -> int:
@@ -103,7 +113,7 @@ def _port() -> int:
         return sock.getsockname()[1]
 
 
-def run(label: str, ranks: int, extra: list[str], out: Path, common: list[str]) -> list[dict]:
+def run(label: str, ranks: int, extra: Sequence[str], out: Path, common: Sequence[str]) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     me = [sys.executable, "-m", "benchmarks.data_parallel", "--worker", "--out", str(out / label), *common, *extra]
     if ranks > 1:
@@ -115,33 +125,53 @@ def run(label: str, ranks: int, extra: list[str], out: Path, common: list[str]) 
     return [json.loads((out / f"{label}.rank{r}.json").read_text()) for r in range(ranks)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setup_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per setup from its ranks' reports: the slowest rank's update, the most any rank holds and
+    its multiple of one process's, the largest peak resident memory, and the losses (rank 0's)."""
+    base = next(iter(results.values()))[0]["held_bytes"]
+    rows = []
+    for label, ranks in results.items():
+        held = max(r["held_bytes"] for r in ranks)
+        rows.append({"setup": label, "ranks": len(ranks), "step_s": max(r["step_s"] for r in ranks), "held_mib": held / 2**20,
+                     "held_x_single": held / base, "peak_rss_mib": max(r["peak_rss_bytes"] for r in ranks) / 2**20,
+                     "losses": ranks[0]["losses"]})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.data_parallel", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     parser.add_argument("--zero", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--hidden", type=int, default=640)
-    parser.add_argument("--layers", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--hidden", type=int, default=640, help="the policy's width (heads of 64)")
+    parser.add_argument("--layers", type=int, default=10, help="the policy's layers")
+    parser.add_argument("--steps", type=int, default=3, help="updates per setup (the first is left out of the median)")
+    parser.add_argument("--output-dir", type=Path, default=None, help="write data_parallel.md, .csv and .json here")
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args)
-        return
+        return 0
     common = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--steps", str(args.steps)]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        rows = {"1 process (torch)": run("single", 1, ["--backend", "torch"], out, common),
-                "2 ranks ZeRO-2": run("zero2", 2, ["--backend", "deepspeed", "--zero", "2"], out, common),
-                "2 ranks ZeRO-3": run("zero3", 2, ["--backend", "deepspeed", "--zero", "3"], out, common)}
-    base = rows["1 process (torch)"][0]
-    print(f"policy: {base['params'] / 1e6:.1f}M parameters; global batch 6 rows; medians of {args.steps - 1} updates")
+        results = {label: run(tag, ranks, extra, Path(tmp), common) for label, tag, ranks, extra in SETUPS}
+    rows = setup_rows(results)
+    params = next(iter(results.values()))[0]["params"]
+    heading = f"policy: {params / 1e6:.1f}M parameters; global batch 6 rows; medians of {args.steps - 1} updates"
+    print(heading)
     print(f"{'setup':<20} {'step s':>8} {'param+optim MiB/rank':>21} {'x single':>9} {'peak RSS MiB/rank':>18}  losses")
-    for label, ranks in rows.items():
-        held = max(r["held_bytes"] for r in ranks)
-        print(f"{label:<20} {max(r['step_s'] for r in ranks):>8.2f} {held / 2**20:>21.1f} {held / base['held_bytes']:>9.2f} "
-              f"{max(r['peak_rss_bytes'] for r in ranks) / 2**20:>18.0f}  {' '.join(f'{x:.6f}' for x in ranks[0]['losses'])}")
+    for row in rows:
+        print(f"{row['setup']:<20} {row['step_s']:>8.2f} {row['held_mib']:>21.1f} {row['held_x_single']:>9.2f} "
+              f"{row['peak_rss_mib']:>18.0f}  {' '.join(f'{x:.6f}' for x in row['losses'])}")
+    if args.output_dir is not None:
+        body = (f"{heading}. Per setup: the slowest rank's update (s), the parameter and optimiser bytes the fullest rank "
+                f"holds (MiB) and their multiple of one process's, the largest peak resident memory (MiB).\n\n"
+                f"{markdown_table(rows)}")
+        write_results(args.output_dir, "data_parallel", title="One update: one process against 2-rank ZeRO-2 and ZeRO-3",
+                      command=command_line(parser.prog, argv), body=body, rows=rows,
+                      data={"settings": vars(args), "params": params, "setups": rows, "ranks": results})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -41,6 +41,8 @@ agent tokens on search-r1 (several minutes). ``--sft-steps 0`` measures from the
 (single-turn episodes that run to the token budget).
 
 Run: ``python -m benchmarks.grpo_step_vs_trl`` (``--help`` for options); needs the ``trl`` extra.
+``--output-dir DIR`` writes the table as ``grpo_step_vs_trl.md`` and ``.csv``, and with every step's record
+as ``grpo_step_vs_trl.json``, there.
 """
 from __future__ import annotations
 
@@ -49,20 +51,23 @@ import copy
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
 from agents.training.build import build_trainer
 from agents.training.config import TrainConfig
 from agents.training.trainer import Trainer
+from benchmarks.report_files import command_line, markdown_table, write_results
 from benchmarks.warm_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory
 
 TARGET_X = 1.5  #: ours must take at most 1 / TARGET_X of TRL's time per step
 SFT_BATCH = 16  #: demonstrations per warm-start step
+PROG = "python -m benchmarks.grpo_step_vs_trl"
 
 
 @dataclass
@@ -177,43 +182,69 @@ def _median(records: Sequence[StepRecord], name: str) -> float:
     return statistics.median(getattr(r, name) for r in records)
 
 
-def report(trl: Sequence[StepRecord], ours: Sequence[StepRecord], args: argparse.Namespace) -> str:
-    """The table of medians over the timed steps (warm-up dropped) and the TRL/ours ratios."""
+def summary_rows(trl: Sequence[StepRecord], ours: Sequence[StepRecord], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per side (TRL, ours): medians over the timed steps (warm-up dropped) of the step's parts,
+    agent tokens per second and what the side did per episode."""
+    rows = []
+    for name, records in (("TRL", trl[args.warmup:]), ("ours", ours[args.warmup:])):
+        episodes = _median(records, "episodes")
+        rows.append({"side": name, "rollout_s": _median(records, "rollout_s"), "update_s": _median(records, "update_s"),
+                     "total_s": _median(records, "total_s"),
+                     "agent_tokens_per_s": statistics.median(r.agent_tokens / r.total_s for r in records), "episodes": episodes,
+                     **{f"{field}_per_episode": _median(records, field) / max(episodes, 1)
+                        for field in ("agent_tokens", "env_tokens", "prompt_tokens", "searches")},
+                     "reward": _median(records, "reward")})
+    return rows
+
+
+def _ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """TRL's median time over ours, per part of the step (above 1: ours is faster)."""
+    trl, ours = rows
+    return {name: trl[name] / ours[name] for name in ("rollout_s", "update_s", "total_s")}
+
+
+def _verdict(ratios: dict[str, float]) -> str:
+    return f"target: ours >= {TARGET_X}x faster per step: {'met' if ratios['total_s'] >= TARGET_X else 'NOT met'} ({ratios['total_s']:.2f}x)"
+
+
+def _settings_line(args: argparse.Namespace) -> str:
     import trl as trl_package
 
-    trl, ours = trl[args.warmup:], ours[args.warmup:]
+    return (f"One GRPO step on the {args.task} task: ours vs TRL {trl_package.__version__} GRPOTrainer (rollout_func), "
+            f"{args.prompts} questions x {args.group} samples, <= {args.max_new_tokens} agent tokens per episode, "
+            f"micro-batch {args.micro_batch}, lr {args.lr:g}, T={args.temperature:g}, KL {args.kl_coef:g}, "
+            f"SFT warm start {args.sft_steps} steps, fp32, 1 torch thread")
+
+
+def report(trl: Sequence[StepRecord], ours: Sequence[StepRecord], args: argparse.Namespace) -> str:
+    """The table of medians over the timed steps (warm-up dropped) and the TRL/ours ratios."""
+    rows = summary_rows(trl, ours, args)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
-        f"One GRPO step on the {args.task} task: ours vs TRL {trl_package.__version__} GRPOTrainer (rollout_func), "
-        f"{args.prompts} questions x {args.group} samples, <= {args.max_new_tokens} agent tokens per episode, "
-        f"micro-batch {args.micro_batch}, lr {args.lr:g}, T={args.temperature:g}, KL {args.kl_coef:g}, "
-        f"SFT warm start {args.sft_steps} steps, fp32, 1 torch thread",
-        f"medians of {len(ours)} steps per side after {args.warmup} warm-up, sides alternated; load average {load}",
+        _settings_line(args),
+        f"medians of {len(ours) - args.warmup} steps per side after {args.warmup} warm-up, sides alternated; load average {load}",
         "",
         f"{'side':<10}{'rollout s':>10}{'update s':>10}{'total s':>9}{'agent tok/s':>13}{'episodes':>10}"
         f"{'agent/ep':>10}{'env/ep':>8}{'prompt/ep':>11}{'search/ep':>11}{'reward':>8}",
     ]
-    for name, records in (("TRL", trl), ("ours", ours)):
-        per_ep = lambda field: _median(records, field) / max(_median(records, "episodes"), 1)  # noqa: E731
-        tok_s = statistics.median(r.agent_tokens / r.total_s for r in records)
+    for row in rows:
         lines.append(
-            f"{name:<10}{_median(records, 'rollout_s'):>10.2f}{_median(records, 'update_s'):>10.2f}"
-            f"{_median(records, 'total_s'):>9.2f}{tok_s:>13.0f}{_median(records, 'episodes'):>10.0f}"
-            f"{per_ep('agent_tokens'):>10.1f}{per_ep('env_tokens'):>8.1f}{per_ep('prompt_tokens'):>11.1f}"
-            f"{per_ep('searches'):>11.2f}{_median(records, 'reward'):>8.3f}"
+            f"{row['side']:<10}{row['rollout_s']:>10.2f}{row['update_s']:>10.2f}{row['total_s']:>9.2f}"
+            f"{row['agent_tokens_per_s']:>13.0f}{row['episodes']:>10.0f}{row['agent_tokens_per_episode']:>10.1f}"
+            f"{row['env_tokens_per_episode']:>8.1f}{row['prompt_tokens_per_episode']:>11.1f}"
+            f"{row['searches_per_episode']:>11.2f}{row['reward']:>8.3f}"
         )
-    ratios = {name: _median(trl, name) / _median(ours, name) for name in ("rollout_s", "update_s", "total_s")}
+    ratios = _ratios(rows)
     lines.append(
         f"{'TRL/ours':<10}{ratios['rollout_s']:>9.2f}x{ratios['update_s']:>9.2f}x{ratios['total_s']:>8.2f}x"
     )
-    verdict = "met" if ratios["total_s"] >= TARGET_X else "NOT met"
-    lines.append(f"target: ours >= {TARGET_X}x faster per step: {verdict} ({ratios['total_s']:.2f}x)")
+    lines.append(_verdict(ratios))
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=PROG, description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--task", choices=("demo", "search-r1"), default="demo",
                         help="demo: the learning benchmark's task (compact prompt); search-r1: Search-R1's prompt")
@@ -232,6 +263,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sft-cache", default=None,
                         help="file keeping the warm-started weights between runs (made on the first run)")
     parser.add_argument("--seed", type=int, default=0, help="model init, world and sampling seed")
+    parser.add_argument("--output-dir", type=Path, default=None, help="write grpo_step_vs_trl.md, .csv and .json here")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")
@@ -254,6 +286,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     trl_records, our_records = run(args)
     print(report(trl_records, our_records, args))
+    if args.output_dir is not None:
+        rows = summary_rows(trl_records, our_records, args)
+        ratios = _ratios(rows)
+        body = (f"{_settings_line(args)}; medians of {args.steps} steps per side after {args.warmup} warm-up, sides alternated."
+                f"\n\n{markdown_table(rows)}\n\nTRL / ours: rollout {ratios['rollout_s']:.2f}x, update {ratios['update_s']:.2f}x, "
+                f"whole step {ratios['total_s']:.2f}x. {_verdict(ratios)}.")
+        steps = {side: [{"warmup": i < args.warmup, **asdict(record), "update_s": record.update_s} for i, record in enumerate(records)]
+                 for side, records in (("TRL", trl_records), ("ours", our_records))}
+        write_results(args.output_dir, "grpo_step_vs_trl", title="One GRPO step: ours against TRL's GRPOTrainer",
+                      command=command_line(PROG, argv), body=body, rows=rows,
+                      data={"settings": vars(args), "summary": rows, "trl_over_ours": ratios, "target_x": TARGET_X, "steps": steps})
     return 0
 
 

@@ -16,7 +16,10 @@ and the growth per 100 steps of each quarter is reported: a leak grows as fast i
 in the second. With ``--tracemalloc`` the trainer's Python allocations still alive at the end that were
 made after the first quarter are listed by source line (a slower run: every allocation is traced).
 
-    python -m benchmarks.memory_soak --steps 1500 --every 50 --json /tmp/soak.json
+    python -m benchmarks.memory_soak --steps 1500 --every 50 --output-dir runs/memory_soak
+
+``--output-dir DIR`` writes the growth table as ``memory_soak.md``, every sample as ``memory_soak.csv``, both
+with the settings as ``memory_soak.json``, and memory against the step as ``memory_soak.png`` there.
 """
 from __future__ import annotations
 
@@ -30,11 +33,16 @@ import tempfile
 import time
 import tracemalloc
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
 from agents.training.build import build_trainer
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
+from benchmarks.report_files import command_line, markdown_table, write_results
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: The tiny run: the tests' tiny GRPO config (it trains in a fraction of a second per step).
 TINY = {
@@ -110,8 +118,21 @@ def growth_per_100(samples: list[dict[str, Any]], key: str, first: int, last: in
     return (b[key] - a[key]) * 100 / max(b["step"] - a["step"], 1)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def plot(samples: Sequence[dict[str, Any]], figure: Figure) -> None:
+    """Both processes' resident and unique memory against the training step."""
+    ax = figure.subplots()
+    steps = [sample["step"] for sample in samples]
+    for key, label, style in (("trainer_rss_mb", "trainer RSS", "-"), ("trainer_uss_mb", "trainer USS", "--"),
+                              ("worker_rss_mb", "worker RSS", "-"), ("worker_uss_mb", "worker USS", "--")):
+        ax.plot(steps, [sample[key] for sample in samples], style, marker="o", markersize=3, label=label,
+                color="C0" if key.startswith("trainer") else "C1")
+    ax.set(xlabel="training step", ylabel="MB", title="Memory over a long run (environment worker on)")
+    ax.legend(fontsize=8)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_soak", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=1500, help="training steps")
     parser.add_argument("--every", type=int, default=50, help="sample memory every this many steps")
     parser.add_argument("--algo", default="grpo", help="training algorithm")
@@ -124,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="evaluate 2 held-out questions (greedy and sampled) every this many steps (0: never)")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed")
     parser.add_argument("--json", help="also write the samples and the verdict figures to this file")
+    parser.add_argument("--output-dir", type=Path, help="write memory_soak.md, .csv, .json and .png here")
     args = parser.parse_args(argv)
     if args.steps < 4 or args.every < 1:
         parser.error("--steps must be >= 4 and --every >= 1")
@@ -167,6 +189,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)
+    if args.output_dir is not None:
+        table = [{"figure": key, **{f"steps {a}-{b}": v for (a, b), v in zip(zip(quarters, quarters[1:]), values)}}
+                 for key, values in growth.items()]
+        body = (f"{args.steps} tiny {args.algo} steps with the environment worker, memory sampled every {args.every} steps. "
+                f"Growth per 100 steps, by quarter of the run (MB, or objects):\n\n{markdown_table(table)}\n\n"
+                f"Objects that grew between step {warm} and step {samples[-1]['step']}: "
+                + (", ".join(f"{name} +{count}" for name, count in grown) or "none") + ".")
+        write_results(args.output_dir, "memory_soak", title="Memory over a long run", command=command_line(parser.prog, argv),
+                      body=body, rows=samples, data=result, plot=lambda figure: plot(samples, figure))
     return result
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from benchmarks.machine import machine_line
+from benchmarks.report_files import format_number
 
 __all__ = ["Comparison", "Measure", "Section", "format_markdown", "report_dict"]
 
@@ -113,43 +114,36 @@ def report_dict(sections: Sequence[Section], machine: Mapping[str, Any], **heade
             "comparisons": [{"benchmark": s.name, **c.as_dict()} for s in sections for c in s.comparisons]}
 
 
-def _number(value: float) -> str:
-    """A figure with as many digits as it needs: thousands grouped, small values to three significant digits."""
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.3g}"
-
-
-def format_markdown(report: Mapping[str, Any]) -> str:
+def format_markdown(report: Mapping[str, Any], level: int = 1) -> str:
     """The report (:func:`report_dict`) as markdown: the machine, the ratios against peers, then one section
-    per benchmark with its medians and spreads; a skipped or failed benchmark is listed with its reason."""
+    per benchmark with its medians and spreads; a skipped or failed benchmark is listed with its reason.
+    ``level`` is the title's heading level (2 inside a longer file such as ``benchmarks/RESULTS.md``)."""
     mode = "quick" if report.get("quick") else "full"
-    lines = ["# Performance report", "",
+    h = "#" * level
+    lines = [f"{h} Performance report", "",
              f"{mode} mode, {report.get('seconds', 0.0):.0f} s in all; machine: {machine_line(report['machine'])}", ""]
-    lines += ["## Ratios against peers, measured in this run", ""]
+    lines += [f"{h}# Ratios against peers, measured in this run", ""]
     if report["comparisons"]:
         lines += ["| benchmark | figure | unit | ours | peer | peer's | ours is |", "|---|---|---|---|---|---|---|"]
         for c in report["comparisons"]:
             ahead = c["advantage"] >= 1
             word = ("faster" if ahead else "slower") if c["lower_is_better"] else ("higher" if ahead else "lower")
             times = c["advantage"] if ahead else 1 / c["advantage"]
-            lines.append(f"| {c['benchmark']} | {c['name']} | {c['unit']} | {_number(c['ours_median'])} | {c['peer_name']} | "
-                         f"{_number(c['peer_median'])} | {times:.2f}x {word} |")
+            lines.append(f"| {c['benchmark']} | {c['name']} | {c['unit']} | {format_number(c['ours_median'])} | {c['peer_name']} | "
+                         f"{format_number(c['peer_median'])} | {times:.2f}x {word} |")
     else:
         lines.append("None in this run (each section below says why its peer did not run).")
     for section in report["benchmarks"]:
         state = f"{section['seconds']:.1f} s" if section["status"] == "ok" else f"{section['status']}: {section['reason']}"
-        lines += ["", f"## {section['name']} ({state})", "", section["title"]]
+        lines += ["", f"{h}# {section['name']} ({state})", "", section["title"]]
         if section["settings"]:
             lines += ["", "Settings: " + ", ".join(f"{k} {v}" for k, v in section["settings"].items()) + "."]
         if section["measures"]:
             lines += ["", "| figure | unit | median | min | max | runs |", "|---|---|---|---|---|---|"]
-            lines += [f"| {m['name']} | {m['unit']} | {_number(m['median'])} | {_number(m['min'])} | {_number(m['max'])} | {m['runs']} |"
+            lines += [f"| {m['name']} | {m['unit']} | {format_number(m['median'])} | {format_number(m['min'])} | {format_number(m['max'])} | {m['runs']} |"
                       for m in section["measures"]]
         if section["notes"]:
             lines += [""] + [f"- {note}" for note in section["notes"]]
     if report.get("not_in_suite"):
-        lines += ["", "## Not in the suite", ""] + [f"- {name}: {why}" for name, why in report["not_in_suite"].items()]
+        lines += ["", f"{h}# Not in the suite", ""] + [f"- {name}: {why}" for name, why in report["not_in_suite"].items()]
     return "\n".join(lines) + "\n"

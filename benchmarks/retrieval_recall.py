@@ -19,7 +19,8 @@ not measured by this run. Recall is deterministic, so it is measured once; query
 medians of ``--runs`` runs.
 
 Run: ``python -m benchmarks.retrieval_recall`` (``--rebuild`` to time a fresh dense build;
-``--retrievers bm25 --limit 20`` for a quick look).
+``--retrievers bm25 --limit 20`` for a quick look; ``--output-dir DIR`` writes the recall table as
+``retrieval_recall.md``, ``.csv`` and ``.json``, with the build times and latencies, there).
 """
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ import argparse
 import hashlib
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
+from benchmarks.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 
 DATASETS = ("hotpotqa_dev", "2wikimultihopqa_dev", "musique_dev")
@@ -105,7 +108,7 @@ def parse_retrievers(text: str) -> list[str]:
     return names
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval_recall", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="folder with corpus.jsonl and the QA sets")
     parser.add_argument("--retrievers", type=parse_retrievers, default=",".join(RETRIEVERS),
@@ -126,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per latency figure (the median is reported)")
     parser.add_argument("--peer-build-seconds", type=float, default=800.0,
                         help="Search-R1 retrieval server's index build time for the same corpus, as recorded on this machine (quoted, not measured)")
+    parser.add_argument("--output-dir", type=Path, default=None, help="write retrieval_recall.md, .csv and .json here")
     args = parser.parse_args(argv)
     ks = sorted({int(k) for k in args.ks.split(",")})
     wanted = set(args.retrievers)
@@ -173,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     header = f"{'dataset':<22}{'mode':<12}{'system':<8}{'n':>5}" + "".join(f"{'R@%d' % k:>8}" for k in ks) + f"{'all@%d' % ks[-1]:>8}"
     print("\n" + header + "\n" + "-" * len(header))
+    table: list[dict[str, Any]] = []
     for dataset in DATASETS:
         examples = load_flashrag_jsonl(args.data_dir / f"{dataset}.jsonl", limit=args.limit)
         modes = {"single": single_queries(examples)}
@@ -183,20 +188,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                 continue
             for system_name, source in systems.items():
                 row = recall(source, queries, ks)
+                table.append({"dataset": dataset, "mode": mode, "system": system_name, "n": len(queries), **row})
                 print(f"{dataset:<22}{mode:<12}{system_name:<8}{len(queries):>5}"
                       + "".join(f"{row[f'R@{k}']:>8.3f}" for k in ks) + f"{row[f'all@{ks[-1]}']:>8.3f}")
 
     question = "Who is the spouse of the Green performer?"
     batch = [question] * 64
-    figures = []
+    latency_ms = {}
     if encoder is not None:
-        figures.append(f"encode 1 query {median_latency_ms(lambda: encoder.encode_queries([question]), args.runs):.1f}")
-        figures.append(f"encode 64 queries {median_latency_ms(lambda: encoder.encode_queries(batch), args.runs):.1f}")
-    figures += [f"{name} search 1 query top-10 {median_latency_ms(lambda s=s: s.search([question], 10), args.runs):.1f}"
-                for name, s in systems.items()]
-    print(f"\nlatency, median of {args.runs} runs (ms): " + "; ".join(figures))
+        latency_ms["encode 1 query"] = median_latency_ms(lambda: encoder.encode_queries([question]), args.runs)
+        latency_ms["encode 64 queries"] = median_latency_ms(lambda: encoder.encode_queries(batch), args.runs)
+    for name, s in systems.items():
+        latency_ms[f"{name} search 1 query top-10"] = median_latency_ms(lambda s=s: s.search([question], 10), args.runs)
+    latencies = f"latency, median of {args.runs} runs (ms): " + "; ".join(f"{label} {ms:.1f}" for label, ms in latency_ms.items())
+    print("\n" + latencies)
     for source in {id(s): s for s in built.values()}.values():
         source.close()
+    if args.output_dir is not None:
+        body = "\n".join([f"Corpus {corpus_path} ({len(rows)} passages); recall@k: the mean over questions of the fraction of "
+                           "their gold passages retrieved; all@k: the fraction of questions with all of them.", "",
+                           *(f"- {line}" for line in lines), "", markdown_table(table), "", f"{latencies}."])
+        write_results(args.output_dir, "retrieval_recall", title="Recall of gold passages", command=command_line(parser.prog, argv),
+                      body=body, rows=table, data={"settings": vars(args), "passages": len(rows), "builds": lines,
+                                                   "recall": table, "latency_ms": latency_ms})
+    return 0
 
 
 def dense_build_line(dense, index_dir: Path, seconds: float, args: argparse.Namespace) -> str:  # type: ignore[no-untyped-def]
@@ -222,4 +237,4 @@ def dense_build_line(dense, index_dir: Path, seconds: float, args: argparse.Name
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

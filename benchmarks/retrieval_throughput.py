@@ -22,7 +22,8 @@ Every figure is the median of ``--runs`` timed runs after one warm-up run; each 
 query count (``--queries``) and wall time (``--max-seconds``). Only 127.0.0.1 is contacted.
 
 Run: ``python -m benchmarks.retrieval_throughput`` (``--help`` for options). The first dense run
-encodes the corpus once and caches the index under ``--index-dir``.
+encodes the corpus once and caches the index under ``--index-dir``. ``--output-dir DIR`` writes the table
+as ``retrieval_throughput.md``, ``.csv`` and ``.json`` there.
 """
 from __future__ import annotations
 
@@ -36,11 +37,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import requests
 import urllib3
 
+from benchmarks.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 from search_env.server.build import build_source
 from search_env.sources.base import Source
@@ -51,6 +53,7 @@ PEER_QPS = {"1/request": 52.0, "16/request": 161.0, "8 clients": 58.0}
 TARGET_X = {"1/request": 2.0, "8 clients": 3.0}
 TOPK = 3
 PEER = "peer now"  # the Search-R1 stand-in, measured beside ours
+RATIOS = ("dense/then", "dense/peer")  #: the table's columns that are multiples, not queries/s
 
 
 def load_questions(path: Path, limit: int) -> list[str]:
@@ -228,7 +231,7 @@ def bench_server(urls: dict[str, str], questions: list[str], args: argparse.Name
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval_throughput", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--corpus", type=Path, default=DATA / "corpus.jsonl", help="jsonl corpus the servers search")
     parser.add_argument("--questions", type=Path, default=DATA / "hotpotqa_dev.jsonl", help="jsonl with a 'question' field")
@@ -247,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-in-process", action="store_true", help="only the figures through the server")
     parser.add_argument("--peer", action="store_true",
                         help="also run the Search-R1 stand-in (benchmarks.peers.search_r1_server) beside the dense server, runs alternated")
+    parser.add_argument("--output-dir", type=Path, default=None, help="write retrieval_throughput.md, .csv and .json here")
     args = parser.parse_args(argv)
 
     questions = load_questions(args.questions, 10_000)
@@ -276,33 +280,55 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 source.close()
         print(f"[{retriever}] done: " + ", ".join(f"{k} {v:.1f}" for k, v in table[retriever].items()), flush=True)
-    print_table(table, args)
+    rows = table_rows(table)
+    print_table(rows, args)
+    if args.output_dir is not None:
+        beside = f"; {PEER}: its stand-in, runs alternated with ours (dense/peer)" if PEER in table else ""
+        body = (f"{_setting_line(args)}. Queries per second, the median of {args.runs} runs; peer then: Search-R1's server "
+                f"when the targets were set (dense/then: ours against it){beside}.\n\n{markdown_table(rows)}")
+        write_results(args.output_dir, "retrieval_throughput", title="Retrieval throughput: in-process and through the server",
+                      command=command_line(parser.prog, argv), body=body, rows=rows,
+                      data={"settings": vars(args), "top_k": TOPK, "queries_per_s": table, "table": rows})
+    return 0
 
 
-def print_table(table: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    """Our retrievers' figures; for the client figures, dense against the peer's figures from when
-    the targets were set and, with ``--peer``, against the stand-in measured beside it."""
+def table_rows(table: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """One row per figure: our retrievers' queries/s; for the client figures, dense against the peer's
+    figures from when the targets were set and, where it ran, against the stand-in measured beside it."""
     ours = [name for name in table if name != PEER]
-    rows = list(dict.fromkeys(label for name in ours for label in table[name]))
-    side_by_side = PEER in table
-    columns = ours + ["peer then", "dense/then"] + ([PEER, "dense/peer"] if side_by_side else []) + ["target"]
-    header = f"{'queries/s (median of %d runs)' % args.runs:<28}" + "".join(f"{c:>13}" for c in columns)
-    print()
-    print(f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder backend {args.backend}, torch threads {args.threads}{' (compiled)' if args.compile else ''}; "
-          f"client {args.client}, on the same machine as the server: {os.cpu_count()} CPU cores")
-    print(header)
-    print("-" * len(header))
-    for label in rows:
-        cells = [f"{table[name].get(label, float('nan')):.1f}" for name in ours]
+    rows = []
+    for label in dict.fromkeys(label for name in ours for label in table[name]):
+        row: dict[str, Any] = {"queries/s": label, **{name: table[name].get(label) for name in ours}}
         dense = table.get("dense", {}).get(label)
         then = PEER_QPS.get(label)
-        cells += [f"{then:.1f}", f"{dense / then:.2f}x"] if then is not None and dense is not None else ["", ""]
-        if side_by_side:
+        row["peer then"], row["dense/then"] = (then, dense / then) if then is not None and dense is not None else (None, None)
+        if PEER in table:
             now = table[PEER].get(label)
-            cells += [f"{now:.1f}", f"{dense / now:.2f}x"] if now is not None and dense is not None else ["", ""]
-        cells.append(f">={TARGET_X[label]:.0f}x" if label in TARGET_X else "")
-        print(f"{label:<28}" + "".join(f"{cell:>13}" for cell in cells))
+            row[PEER], row["dense/peer"] = (now, dense / now) if now is not None and dense is not None else (None, None)
+        row["target"] = f">={TARGET_X[label]:.0f}x" if label in TARGET_X else None
+        rows.append(row)
+    return rows
+
+
+def _setting_line(args: argparse.Namespace) -> str:
+    return (f"top-k {TOPK}; corpus {args.corpus}; questions {args.questions.name}; encoder backend {args.backend}, torch threads "
+            f"{args.threads}{' (compiled)' if args.compile else ''}; client {args.client}, on the same machine as the server: "
+            f"{os.cpu_count()} CPU cores")
+
+
+def print_table(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The rows of :func:`table_rows`: queries/s to one decimal, ratios as multiples."""
+    columns = list(rows[0])[1:] if rows else []
+    header = f"{'queries/s (median of %d runs)' % args.runs:<28}" + "".join(f"{c:>13}" for c in columns)
+    print()
+    print(_setting_line(args))
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        cells = ["" if row[c] is None else row[c] if c == "target" else f"{row[c]:.2f}x" if c in RATIOS else f"{row[c]:.1f}"
+                 for c in columns]
+        print(f"{row['queries/s']:<28}" + "".join(f"{cell:>13}" for cell in cells))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

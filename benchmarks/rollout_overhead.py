@@ -11,10 +11,12 @@ while the policy decodes the others. The episodes of the two are checked to be i
 comes from :class:`~agents.rollout.collect.RolloutTimings`; the medians are reported, and the target is judged
 on the way the demo steps its environment.
 
-    python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt
+    python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt --output-dir runs/rollout_overhead
 
 The warm start takes about five minutes; ``--policy-cache`` keeps its result for later runs, with the
-settings it was made with (a cache made with other settings is refused).
+settings it was made with (a cache made with other settings is refused). ``--output-dir DIR`` writes the
+medians as ``rollout_overhead.md``, every run as ``rollout_overhead.csv``, and both with the settings as
+``rollout_overhead.json`` there.
 """
 from __future__ import annotations
 
@@ -23,11 +25,14 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
+from typing import Sequence
 
 from agents.rollout.collect import collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
 from agents.training.build import build_trainer, env_options
 from benchmarks.learning import demo_config
+from benchmarks.report_files import command_line, markdown_table, write_results
 from benchmarks.warm_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.worker import EnvWorker
@@ -38,8 +43,9 @@ _REPORTED = ("time_generation", "time_env", "time_search", "time_other", "reward
 _MODES = ("in-process", "worker")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rollout_overhead", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--runs", type=int, default=9, help="rollouts measured (the median is reported)")
     demo = demo_config()
     parser.add_argument("--sft-steps", type=int, default=demo.warm_start.steps,
@@ -51,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--output-dir", type=Path, help="write rollout_overhead.md, .csv and .json here")
     args = parser.parse_args(argv)
     config = demo.updated({
         "run.seed": args.seed, "run.num_threads": args.threads, "eval.questions": 0, "rollout.env_worker": False,
@@ -104,12 +111,23 @@ def main(argv: list[str] | None = None) -> dict:
               f"{m['time_generation']:.1%} | env stepping {m['time_env']:.2%} | search {m['time_search']:.2%} | rollout "
               f"bookkeeping {m['time_other']:.2%} | env + search {m['env_plus_search']:.2%} (worker busy {m['worker_busy']:.1%})")
     overhead = median[judged]["env_plus_search"]
-    print(f"  env + search = {overhead:.2%} of rollout time, {judged} as the demo steps it "
-          f"(target <= {TARGET:.0%}: {'met' if overhead <= TARGET else 'NOT met'})")
+    verdict = (f"env + search = {overhead:.2%} of rollout time, {judged} as the demo steps it "
+               f"(target <= {TARGET:.0%}: {'met' if overhead <= TARGET else 'NOT met'})")
+    print(f"  {verdict}")
     report = {"args": vars(args), "runs": runs, "median": median, "judged": judged, "env_plus_search": overhead}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+            json.dump(report, f, indent=2, default=str)
+    if args.output_dir is not None:
+        body = (f"Median of {args.runs} runs, {env.num_envs} episodes each ({rollout.questions_per_step} questions x {group_size}, "
+                f"{config.env.protocol}, {args.threads} thread(s)); shares are fractions of the rollout's wall time.\n\n"
+                + markdown_table([{"mode": mode, **median[mode]} for mode in _MODES],
+                                 ["mode", "total_s", "agent_tokens_per_s", "time_generation", "time_env", "time_search", "time_other",
+                                  "env_plus_search", "worker_busy"])
+                + f"\n\n{verdict}.")
+        write_results(args.output_dir, "rollout_overhead", title="Where the demo's rollout time goes",
+                      command=command_line(parser.prog, argv), body=body, data=report,
+                      rows=[{"mode": mode, "run": i, **r} for mode in _MODES for i, r in enumerate(runs[mode])])
     return report
 
 

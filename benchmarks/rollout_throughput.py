@@ -4,10 +4,12 @@ generating, in the environment and in search.
 
 Run it with the vLLM virtualenv's Python (``bash .ci/vllm_venv.sh`` prints its folder)::
 
-    VENV=$(bash .ci/vllm_venv.sh) && PYTHONPATH=. $VENV/bin/python -m benchmarks.rollout_throughput --batch-sizes 8 64
+    VENV=$(bash .ci/vllm_venv.sh) && PYTHONPATH=. $VENV/bin/python -m benchmarks.rollout_throughput --batch-sizes 8 64 \\
+        --output-dir runs/rollout_throughput
 
 Each (engine, batch size) is rolled out ``--repeats`` times on the same questions (sampled, seeded per
-repeat); the medians are printed as a table and one JSON line. The vLLM engine's start-up is not timed.
+repeat); the medians are printed as a table and one JSON line, and with ``--output-dir DIR`` written as
+``rollout_throughput.md``, ``.csv`` and ``.json`` there. The vLLM engine's start-up is not timed.
 
 The shares are :class:`~agents.rollout.collect.RolloutTimings`': generation is the time inside the agent,
 environment the time inside the batch environment's ``reset``/``step`` less search, search the time the
@@ -23,8 +25,10 @@ import os
 import platform
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
+from benchmarks.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -51,7 +55,7 @@ def build_policy(model: str, protocol: str, questions: int) -> Any:
     return HFPolicy(scripted_lm(episode, codec), codec)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.rollout_throughput", description=__doc__,
                                      formatter_class=HelpFormatter)
     parser.add_argument("--model", default="smollm2", help="'smollm2', 'tiny', 'scripted' or a local model folder")
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per engine and batch size (medians reported)")
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"], help="engines to compare")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--output-dir", type=Path, default=None, help="write rollout_throughput.md, .csv and .json here")
     args = parser.parse_args(argv)
 
     import torch
@@ -106,6 +111,12 @@ def main(argv: list[str] | None = None) -> dict:
               "repeats": args.repeats, "threads": args.threads, "machine": f"{platform.machine()} {os.cpu_count()} cpus",
               "rows": rows}
     print(json.dumps(result))
+    if args.output_dir is not None:
+        body = (f"Model {args.model}, protocol {args.protocol}, at most {args.max_new_tokens} agent tokens per episode, "
+                f"{args.threads} torch threads; medians of {args.repeats} rollouts per engine and batch size. generation, "
+                f"env, search: shares of rollout time.\n\n{markdown_table(rows)}")
+        write_results(args.output_dir, "rollout_throughput", title="Rollout throughput: the HF sampler and the vLLM engine",
+                      command=command_line(parser.prog, argv), body=body, rows=rows, data={"settings": vars(args), **result})
     return result
 
 

@@ -2,7 +2,7 @@
 with the machine, the median and spread of every figure, and the ratios against peers measured in the
 same run.
 
-    python -m benchmarks.suite [--quick] [--only NAME ...] [--output-dir runs/suite]
+    python -m benchmarks.suite [--quick] [--only NAME ...] [--output-dir runs/suite] [--results-md benchmarks/RESULTS.md]
 
 The benchmarks, in order (``--only`` picks some):
 
@@ -19,20 +19,25 @@ The benchmarks, in order (``--only`` picks some):
 - ``data_parallel``: one update on one process against 2-rank ZeRO-2 and ZeRO-3;
 - ``rollout_throughput``: the HF sampler and the vLLM engine side by side.
 
-Each benchmark's own functions are called (its numbers, not its printed table); where a module offers
-only a command that prints, the suite composes the module's measuring functions as its command does,
-and the section says so. A benchmark whose peer or extra is not installed, or that ``--quick`` leaves
-out as too heavy, is listed as skipped with the reason; one that fails is listed as failed with its
-error, and the others still run. Peers are optional extras (``trl``, ``bench``, ``vllm`` ...), never
-needed by the suite itself.
+Each benchmark's own functions are called (its numbers, not its printed table), at the suite's settings. A
+benchmark whose peer or extra is not installed, or that ``--quick`` leaves out as too heavy, is listed as
+skipped with the reason; one that fails is listed as failed with its error, and the others still run.
+Peers are optional extras (``trl``, ``bench``, ``vllm`` ...), never needed by the suite itself.
 
 ``--quick`` runs each benchmark at its smallest setting, BM25 only for retrieval (the Search-R1 stand-in
 serves a dense index, whose corpus encoding takes minutes), and skips the heavy ones: ``rollout_overhead``,
 ``data_parallel`` and ``rollout_throughput``. Outside it, benchmarks run at their own defaults, and what
 they cache (the dense index, the warm-started policies) is kept under ``--index-dir`` and ``--cache-dir``.
 
-Writes ``report.json`` and ``report.md`` into ``--output-dir`` after each benchmark (so a stopped suite
-leaves the report of what ran); exits with 1 when a benchmark failed.
+Writes ``report.json``, ``report.md`` and ``report.csv`` (one line per figure) into ``--output-dir`` after
+each benchmark (so a stopped suite leaves the report of what ran); exits with 1 when a benchmark failed.
+
+``--results-md PATH`` (off by default, so that test and CI runs never touch the measured history) also puts
+the finished report into the generated section ``suite`` of that markdown file, usually
+``benchmarks/RESULTS.md``: the text between ``<!-- generated section suite: begin ... -->`` and ``<!--
+generated section suite: end -->`` is replaced (the section is appended where the file has none), with the
+date, the command and the machine; every byte outside the markers is left as it was
+(:func:`benchmarks.report_files.replace_generated_section`).
 
 Not in the suite: ``retrieval_recall`` (retrieval quality, not speed), ``memory_soak`` (a leak hunt over
 hundreds of training steps), and the learning and evaluation benchmarks (``learning``, ``algorithms``,
@@ -44,7 +49,6 @@ import argparse
 import importlib.util
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -55,6 +59,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from benchmarks.perf_report import Comparison, Measure, Section, format_markdown, report_dict
+from benchmarks.report_files import command_line, replace_generated_section, write_csv
 from search_env.console import HelpFormatter
 
 __all__ = ["BENCHMARKS", "NOT_IN_SUITE", "Options", "Skipped", "main", "run_section"]
@@ -102,38 +107,15 @@ def _needs(extra: str, *modules: str) -> None:
         raise Skipped(f"{', '.join(missing)} not installed (pip install 'searchqa-gym[{extra}]')")
 
 
-def _runs(measure: Callable[[], float], repeats: int) -> list[float]:
-    """``repeats`` values of ``measure`` after one untimed warm-up call (lazy initialisation, cold caches)."""
-    measure()
-    return [measure() for _ in range(repeats)]
-
-
 # -- the benchmarks ---------------------------------------------------------------------------------------
 
 
 def env_overhead(options: Options, section: Section) -> None:
-    import gymnasium as gym
-
-    import search_env  # noqa: F401  (registers SearchQA-v0)
     from benchmarks import env_overhead as bench
 
     tokens, chunk, envs, repeats, episodes = (200, 64, 4, 3, 10) if options.quick else (1000, 256, 16, 7, 20)
     section.settings = {"tokens": tokens, "chunk": chunk, "envs": envs, "repeats": repeats}
-    made = gym.make("SearchQA-v0", max_new_tokens=1_000_000, max_context=1_000_000)
-    raw = made.unwrapped
-    answer, search = "<think> done </think><answer> Zarbo </answer>", "<search> who founded the company </search>"
-    figures = [
-        ("token step, raw env", lambda: bench.per_token_us(raw, tokens), "µs", True),
-        ("token step, via gym.make wrappers", lambda: bench.per_token_us(made, tokens), "µs", True),
-        ("step closing </answer> (reward)", lambda: bench.closing_step_us(raw, answer, episodes), "µs", True),
-        ("step closing </search> (BM25 search)", lambda: bench.closing_step_us(raw, search, episodes), "µs", True),
-        (f"chunk mode ({chunk} ids/chunk)", lambda: bench.chunk_tokens_per_s(raw, tokens * 20, chunk), "tokens/s", False),
-        (f"batched, {envs} envs x 1 token", lambda: bench.batched_steps_per_s(envs, tokens // 4), "env-steps/s", False),
-    ]
-    section.measures = [Measure(label, unit, _runs(fn, repeats), lower) for label, fn, unit, lower in figures]
-    made.close()
-    section.notes.append("env_overhead's command prints its table and returns nothing, so the suite calls its measuring "
-                         "functions as the command does (one warm-up call, then the runs)")
+    section.measures = bench.measures(tokens, chunk, envs, repeats, episodes)
 
 
 def gem_answer_turn(options: Options, section: Section) -> None:
@@ -248,38 +230,17 @@ def retrieval_throughput(options: Options, section: Section) -> None:
 
 def dag_critical_path(options: Options, section: Section) -> None:
     from benchmarks import dag_critical_path as bench
-    from search_env.dag import execute_plan, parse_plan, validate_plan
 
     dags, low, high, latency, repeats = (4, 5, 10, 0.005, 1) if options.quick else (40, 5, 30, 0.05, 3)
-    n_sources, k = 3, 3
     section.settings = {"DAGs": dags, "nodes": f"{low}-{high}", "latency ms": latency * 1000, "runs per DAG": repeats}
-    rng = random.Random(0)
-    sources = {name: bench.SleepingSource(name, latency) for name in bench.SOURCE_NAMES[:n_sources]}
-    ratios, walls, sequential = [], [], []
-    for _ in range(dags):
-        plan = parse_plan(bench.random_plan_text(rng, rng.randint(low, high), n_sources))
-        problems = validate_plan(plan, known_sources=sources, max_nodes=high)
-        if problems:
-            raise RuntimeError(f"a generated plan is invalid: {problems}")
-        depth = bench.critical_path_nodes(plan.edges, list(plan.nodes))
-        runs = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            run = execute_plan(plan, sources, k=k)
-            runs.append(time.perf_counter() - began)
-            if any(node.error for node in run.nodes):
-                raise RuntimeError(f"a node failed: {[node.error for node in run.nodes if node.error]}")
-        wall = statistics.median(runs)
-        ratios.append(wall / (depth * latency))
-        walls.append(wall * 1000)
-        sequential.append(bench.run_sequentially(plan, sources, k) * 1000)
-    ours = Measure("DAG wall time (one value per DAG)", "ms", walls, True)
+    rows = bench.run_dags(dags=dags, min_nodes=low, max_nodes=high, sources=3, latency=latency, k=3, repeats=repeats,
+                          seq_repeats=1, seed=0)
+    ratios = [row["wall_over_bound"] for row in rows]
+    ours = Measure("DAG wall time (one value per DAG)", "ms", [row["wall_ms"] for row in rows], True)
     section.measures = [Measure("wall / critical-path bound (one value per DAG)", "ratio", ratios, True), ours]
-    section.comparisons = [Comparison("wall time per DAG", ours, Measure("one after another", "ms", sequential, True),
-                                      "one search after another")]
-    section.notes += [f"target: wall / bound <= 1.1 (median {statistics.median(ratios):.3f})",
-                      "dag_critical_path's bench_execution prints its table and returns nothing, so the suite runs its loop "
-                      "from the module's pieces (random_plan_text, SleepingSource, critical_path_nodes, run_sequentially)"]
+    sequential = Measure("one after another", "ms", [row["sequential_ms"] for row in rows], True)
+    section.comparisons = [Comparison("wall time per DAG", ours, sequential, "one search after another")]
+    section.notes.append(f"target: wall / bound <= 1.1 (median {statistics.median(ratios):.3f})")
 
 
 def dag_parse_adversarial(options: Options, section: Section) -> None:
@@ -358,20 +319,17 @@ def data_parallel(options: Options, section: Section) -> None:
 
     common = ["--hidden", "640", "--layers", "10", "--steps", "3"]
     section.settings = {"hidden": 640, "layers": 10, "updates": 3}
-    setups = (("1 process (torch)", "single", 1, ["--backend", "torch"]),
-              ("2 ranks ZeRO-2", "zero2", 2, ["--backend", "deepspeed", "--zero", "2"]),
-              ("2 ranks ZeRO-3", "zero3", 2, ["--backend", "deepspeed", "--zero", "3"]))
     with tempfile.TemporaryDirectory(prefix="suite-dp-") as folder:
-        for label, tag, ranks, extra in setups:
+        for label, tag, ranks, extra in bench.SETUPS:
             print(f"  [{label}] running", flush=True)
             rows = bench.run(tag, ranks, extra, Path(folder), common)
             section.measures += [
                 Measure(f"{label}: update", "s", [max(r["step_s"] for r in rows)], True),
                 Measure(f"{label}: parameters + optimiser state per rank", "MiB", [max(r["held_bytes"] for r in rows) / 2**20], True),
                 Measure(f"{label}: peak resident memory per rank", "MiB", [max(r["peak_rss_bytes"] for r in rows) / 2**20], True)]
-    section.notes.append("data_parallel's command reads sys.argv and prints only, so the suite calls its run() for the three "
-                         "setups as the command does; each figure is what its workers report (the update time a median of "
-                         "their updates, the slowest rank's), one value")
+    section.notes.append("the suite calls data_parallel's run() for each of its setups in turn, so that what was measured before a "
+                         "failing setup is kept; each figure is what its workers report (the update time a median of their "
+                         "updates, the slowest rank's), one value")
 
 
 def rollout_throughput(options: Options, section: Section) -> None:
@@ -438,8 +396,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the retrieval benchmark's queries (jsonl with a 'question' field)")
     parser.add_argument("--index-dir", type=Path, default=_CACHE / "throughput", help="where retrieval indexes are kept between runs")
     parser.add_argument("--cache-dir", type=Path, default=_CACHE / "suite", help="where warm-started policies are kept between runs")
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/suite"), help="report.json and report.md")
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/suite"), help="report.json, report.md and report.csv")
+    parser.add_argument("--results-md", type=Path, default=None, metavar="PATH",
+                        help="also rewrite the generated section 'suite' of this markdown file (e.g. benchmarks/RESULTS.md) "
+                             "with the finished report; off by default")
     args = parser.parse_args(argv)
+    if args.results_md is not None and not args.results_md.parent.is_dir():
+        parser.error(f"--results-md: no folder {args.results_md.parent}")
     from benchmarks.machine import machine_info
 
     options = Options(args.quick, args.corpus, args.questions, args.index_dir, args.cache_dir)
@@ -459,9 +422,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                              not_in_suite=NOT_IN_SUITE)
         (args.output_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         (args.output_dir / "report.md").write_text(format_markdown(report), encoding="utf-8")
+        write_csv(args.output_dir / "report.csv", [{"benchmark": part["name"], **measure} for part in report["benchmarks"]
+                                                   for measure in part["measures"]])
     failed = [s.name for s in sections if s.status == "failed"]
-    print(f"report: {args.output_dir / 'report.md'}, {args.output_dir / 'report.json'}"
+    print(f"report: {args.output_dir / 'report.md'}, {args.output_dir / 'report.json'}, {args.output_dir / 'report.csv'}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if args.results_md is not None:
+        replace_generated_section(args.results_md, "suite", format_markdown(report, level=2), command=command_line(parser.prog, argv),
+                                  machine=machine)
+        print(f"the generated section 'suite' of {args.results_md} now holds this report")
     return 1 if failed else 0
 
 

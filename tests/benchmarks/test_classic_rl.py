@@ -3,11 +3,12 @@ on held-out questions; the command writes its curve, table and plot."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.classic_rl import chain_env, format_table, main, run_seed
+from benchmarks.classic_rl import PPO_SETTINGS, chain_env, format_table, main, run_seed
 from tests.conftest import skip_without
 
 
@@ -44,13 +45,18 @@ def test_the_table_gives_medians_over_seeds_and_when_each_seed_reached_0_9() -> 
 
 def test_the_command_writes_its_curve_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     skip_without("sb3", "stable_baselines3")
-    table = main(["--timesteps", "256", "--eval-every", "256", "--eval-questions", "6", "--seeds", "0",
-                  "--output-dir", str(tmp_path)])
-    with open(tmp_path / "curve.csv", encoding="utf-8") as handle:
+    argv = ["--timesteps", "256", "--eval-every", "256", "--eval-questions", "6", "--seeds", "0", "--output-dir", str(tmp_path)]
+    table = main(argv)
+    with open(tmp_path / "classic_rl.csv", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["policy"], r["timesteps"]) for r in rows] == [("random", "0"), ("scripted", "0"), ("PPO", "0"), ("PPO", "256")]
-    assert (tmp_path / "table.md").read_text(encoding="utf-8") == table + "\n" and table in capsys.readouterr().out
-    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (tmp_path / "classic_rl.md").read_text(encoding="utf-8")
+    assert markdown.startswith("# Stable-Baselines3 PPO on macro actions") and markdown.endswith("\n\n" + table + "\n")
+    assert f"by `python -m benchmarks.classic_rl {' '.join(argv)}`" in markdown and table in capsys.readouterr().out
+    saved = json.loads((tmp_path / "classic_rl.json").read_text(encoding="utf-8"))
+    assert [(r["policy"], r["reward"]) for r in saved["evaluations"]] == [(r["policy"], float(r["reward"])) for r in rows]
+    assert (saved["settings"]["timesteps"], saved["settings"]["eval_questions"], saved["settings"]["ppo"]) == (256, 6, PPO_SETTINGS)
+    assert (tmp_path / "classic_rl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@
 deterministic cells (recall on a hand-made corpus, rewards of scripted agents) are checked."""
 from __future__ import annotations
 
+import csv
 import importlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -124,33 +126,82 @@ def test_evaluate_refuses_bad_arguments_in_one_line(argv: list[str], message: st
 # --- the performance benchmarks --------------------------------------------------------------------
 
 
-def test_env_overhead_prints_every_measure(capsys: pytest.CaptureFixture[str]) -> None:
+def _written(folder: Path, name: str, command: str) -> tuple[list[str], dict, list[dict[str, str]]]:
+    """A command's result files: the markdown's lines (its heading and provenance checked), the JSON (its
+    command checked) and the CSV's rows."""
+    lines = (folder / f"{name}.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# ") and lines[2].startswith("Generated ") and f"by `{command}`; machine: " in lines[2]
+    saved = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+    assert saved["command"] == command and saved["machine"]["cores"] >= 1 and saved["date"] in lines[2]
+    with open(folder / f"{name}.csv", encoding="utf-8", newline="") as handle:
+        return lines, saved, list(csv.DictReader(handle))
+
+
+def _png(path: Path) -> None:
+    if importlib.util.find_spec("matplotlib") is not None:  # the core install has none: the PNG is left out
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_env_overhead_prints_every_measure_and_writes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.env_overhead import main
 
-    main(["--tokens", "40", "--chunk", "8", "--envs", "2", "--repeats", "1"])
+    argv = ["--tokens", "40", "--chunk", "8", "--envs", "2", "--repeats", "2", "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    for label in ("token step, raw env", "step closing </answer> (reward)", "step closing </search> (BM25 search)",
-                  "chunk mode (8 ids/chunk)", "batched, 2 envs x 1 token"):
+    labels = ("token step, raw env", "token step, via gym.make wrappers", "step closing </answer> (reward)",
+              "step closing </search> (BM25 search)", "chunk mode (8 ids/chunk)", "batched, 2 envs x 1 token")
+    printed = {}
+    for label in labels:
         (line,) = [line for line in out.splitlines() if line.startswith(label)]
-        assert float(line[len(label):].split()[0].replace(",", "")) > 0
+        printed[label] = float(line[len(label):].split()[0].replace(",", ""))
+        assert printed[label] > 0
+    lines, saved, rows = _written(tmp_path, "env_overhead", "python -m benchmarks.env_overhead " + " ".join(argv))
+    assert [m["name"] for m in saved["measures"]] == [r["name"] for r in rows] == list(labels)
+    for measure, row in zip(saved["measures"], rows):
+        assert len(measure["values"]) == measure["runs"] == 2 and measure["median"] == pytest.approx(sum(measure["values"]) / 2)
+        assert float(row["median"]) == measure["median"] and measure["median"] == pytest.approx(printed[measure["name"]], rel=0.01, abs=0.01)
+    assert saved["settings"]["chunk"] == 8 and saved["measures"][0]["unit"] == "µs" and not saved["measures"][4]["lower_is_better"]
+    assert lines[4] == "| name | unit | median | min | max | runs |" and lines[6].startswith("| token step, raw env | µs | ")
 
 
-def test_dag_critical_path_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_dag_critical_path_prints_its_table_and_writes_every_dag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.dag_critical_path import main
 
-    main(["--dags", "2", "--min-nodes", "5", "--max-nodes", "6", "--latency", "0.001", "--repeats", "1"])
+    argv = ["--dags", "3", "--min-nodes", "5", "--max-nodes", "6", "--latency", "0.001", "--repeats", "1", "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     (everything,) = _rows(out, "all ")
-    assert everything[1] == "2"  # both DAGs executed and counted
+    assert everything[1] == "3"  # every DAG executed and counted
+    lines, saved, rows = _written(tmp_path, "dag_critical_path", "python -m benchmarks.dag_critical_path " + " ".join(argv))
+    assert [int(r["dag"]) for r in rows] == [d["dag"] for d in saved["dags"]] == [0, 1, 2]
+    for dag in saved["dags"]:
+        assert 5 <= dag["nodes"] <= 6 and 1 <= dag["depth"] <= dag["nodes"]
+        assert dag["bound_ms"] == pytest.approx(dag["depth"] * 1.0)  # 1 ms per search on the critical path
+        assert dag["wall_over_bound"] == pytest.approx(dag["wall_ms"] / dag["bound_ms"]) and dag["wall_over_bound"] >= 1
+        assert dag["speedup"] == pytest.approx(dag["sequential_ms"] / dag["wall_ms"])
+    (summary,) = [row for row in saved["summary"] if row["nodes"] == "all"]
+    assert summary["DAGs"] == 3 and summary["max"] == max(d["wall_over_bound"] for d in saved["dags"])
+    assert "| nodes | DAGs | depth | wall ms | wall/bound | p90 | max | speed-up | calls/node |" in lines
+    assert any(line.startswith("| all | 3 | ") for line in lines)
+    _png(tmp_path / "dag_critical_path.png")
 
 
-def test_dag_parse_adversarial_prints_one_row_per_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    from benchmarks.dag_parse_adversarial import adversarial_plans, main
+def test_dag_parse_adversarial_prints_one_row_per_plan_and_writes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.dag_parse_adversarial import TARGET_MS, adversarial_plans, main
 
-    main(["--size", "2000", "--repeats", "1"])
+    assert main(["--size", "2000", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     names = [line[:28].strip() for line in out.splitlines()]
-    assert all(names.count(name) == 1 for name in adversarial_plans(2000))
+    plans = adversarial_plans(2000)
+    assert all(names.count(name) == 1 for name in plans)
+    lines, saved, rows = _written(tmp_path, "dag_parse_adversarial",
+                                  f"python -m benchmarks.dag_parse_adversarial --size 2000 --repeats 1 --output-dir {tmp_path}")
+    assert [r["plan"] for r in rows] == [p["plan"] for p in saved["plans"]] == list(plans)
+    for row in saved["plans"]:
+        assert row["chars"] == len(plans[row["plan"]]) and row["min_ms"] == row["median_ms"] == row["max_ms"]  # one run
+    assert saved["over_target"] == sum(row["median_ms"] >= TARGET_MS for row in saved["plans"])
+    assert f"| one huge query | {len(plans['one huge query'])} | 4 | " in "\n".join(lines)
+    _png(tmp_path / "dag_parse_adversarial.png")
 
 
 def test_retrieval_recall_with_bm25_only_builds_no_encoder(data_dir: Path, capsys: pytest.CaptureFixture[str],
@@ -162,7 +213,9 @@ def test_retrieval_recall_with_bm25_only_builds_no_encoder(data_dir: Path, capsy
         raise AssertionError("BM25 alone must not load an encoder")
 
     monkeypatch.setattr(encoders, "TransformersEncoder", refuse)
-    main(["--data-dir", str(data_dir), "--retrievers", "bm25", "--ks", "1,5", "--runs", "1"])
+    out_dir = data_dir / "out"
+    argv = ["--data-dir", str(data_dir), "--retrievers", "bm25", "--ks", "1,5", "--runs", "1", "--output-dir", str(out_dir)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "dense" not in out and "retrievers: bm25" in out
     # dataset, mode, system, n, R@1, R@5, all@5 -- worked by hand from the corpus above
@@ -172,6 +225,14 @@ def test_retrieval_recall_with_bm25_only_builds_no_encoder(data_dir: Path, capsy
         ["musique_dev", "single", "bm25", "1", "0.500", "0.500", "0.000"],
         ["musique_dev", "decomposed", "bm25", "1", "1.000", "1.000", "1.000"],
     ]
+    lines, saved, rows = _written(out_dir, "retrieval_recall", "python -m benchmarks.retrieval_recall " + " ".join(argv))
+    assert [(r["dataset"], r["mode"], r["R@1"], r["all@5"]) for r in rows] == [
+        ("hotpotqa_dev", "single", "1.0", "1.0"), ("2wikimultihopqa_dev", "single", "1.0", "1.0"),
+        ("musique_dev", "single", "0.5", "0.0"), ("musique_dev", "decomposed", "1.0", "1.0")]
+    assert saved["recall"][2] == {"dataset": "musique_dev", "mode": "single", "system": "bm25", "n": 1, "R@1": 0.5, "all@1": 0.0,
+                                  "R@5": 0.5, "all@5": 0.0}
+    assert saved["passages"] == 5 and set(saved["latency_ms"]) == {"bm25 search 1 query top-10"}
+    assert "| musique_dev | decomposed | bm25 | 1 | 1 | 1 | 1 | 1 |" in lines and saved["builds"][0].startswith("BM25 index build")
 
 
 def test_the_peers_build_time_is_quoted_as_recorded_and_compared_only_on_its_corpus(tmp_path: Path) -> None:
@@ -209,23 +270,32 @@ def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: 
     skip_without("server", "starlette", "uvicorn", "requests")
     from benchmarks.retrieval_throughput import main
 
-    main(["--corpus", str(data_dir / "corpus.jsonl"), "--questions", str(data_dir / "hotpotqa_dev.jsonl"),
-          "--retrievers", "bm25", "--runs", "1", "--queries", "8", "--max-seconds", "5", "--index-dir", str(tmp_path / "index")])
+    argv = ["--corpus", str(data_dir / "corpus.jsonl"), "--questions", str(data_dir / "hotpotqa_dev.jsonl"), "--retrievers", "bm25",
+            "--runs", "1", "--queries", "8", "--max-seconds", "5", "--index-dir", str(tmp_path / "index"), "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    for label in ("1/request", "16/request", "8 clients", "16 envs (RemoteSource)", "in-process 1/call", "in-process 16/call"):
+    labels = ("1/request", "16/request", "8 clients", "16 envs (RemoteSource)", "in-process 1/call", "in-process 16/call")
+    for label in labels:
         (row,) = _rows(out, label)
         assert float(row[len(label.split())]) > 0
+    lines, saved, rows = _written(tmp_path, "retrieval_throughput", "python -m benchmarks.retrieval_throughput " + " ".join(argv))
+    assert [r["queries/s"] for r in rows] == list(labels) and set(saved["queries_per_s"]) == {"bm25"}
+    for row in saved["table"]:
+        assert row["bm25"] == saved["queries_per_s"]["bm25"][row["queries/s"]] > 0
+        assert row["dense/then"] is None  # no dense retriever: no ratio against the peer
+    assert [r["target"] for r in rows] == [">=2x", "", ">=3x", "", "", ""]
 
 
 # --- --help everywhere -----------------------------------------------------------------------------
 
 COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial", "benchmarks.grpo_step_vs_trl", "benchmarks.learning", "benchmarks.rollout_overhead", "benchmarks.retrieval_recall",
-            "benchmarks.retrieval_throughput", "search_env.server.__main__"]
+            "benchmarks.retrieval_throughput", "benchmarks.data_parallel", "benchmarks.memory_soak", "search_env.server.__main__"]
 AGENTS_EXTRA = ("agents", "torch", "transformers", "yaml")
 NEEDS = {  # the extra, and its packages, that a command's module imports; the others need the core only
     "benchmarks.grpo_step_vs_trl": AGENTS_EXTRA,  # TRL itself is imported when the command runs
     "benchmarks.learning": AGENTS_EXTRA,
     "benchmarks.rollout_overhead": AGENTS_EXTRA,
+    "benchmarks.memory_soak": AGENTS_EXTRA,
     "benchmarks.retrieval_throughput": ("server", "requests"),
     "search_env.server.__main__": ("server", "starlette"),
 }
@@ -319,7 +389,14 @@ def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only
 
     cache = str(tmp_path / "policy.pt")
     args = ["--runs", "1", "--sft-examples", "4", "--sft-copy-steps", "2", "--policy-cache", cache]
-    first = main(args + ["--sft-steps", "1"])
+    first = main(args + ["--sft-steps", "1", "--output-dir", str(tmp_path)])
+    lines, saved, rows = _written(tmp_path, "rollout_overhead",
+                                  "python -m benchmarks.rollout_overhead " + " ".join(args + ["--sft-steps", "1", "--output-dir", str(tmp_path)]))
+    assert [(r["mode"], r["run"]) for r in rows] == [("in-process", "0"), ("worker", "0")]
+    assert float(rows[1]["total_s"]) == first["runs"]["worker"][0]["total_s"] == saved["median"]["worker"]["total_s"]
+    assert saved["judged"] == first["judged"] and saved["args"]["runs"] == 1
+    assert any(line.startswith("| worker | ") for line in lines)
+    assert f"env + search = {first['env_plus_search']:.2%} of rollout time, {first['judged']} as the demo steps it" in "\n".join(lines)
     again = main(args + ["--sft-steps", "1"])  # loads the cached policy: the same seeded rollout follows
     for mode in ("in-process", "worker"):
         assert again["runs"][mode][0]["agent_tokens_mean"] == first["runs"][mode][0]["agent_tokens_mean"]

@@ -1,5 +1,6 @@
 """The GRPO-step benchmark against TRL: its peer side plays the same episodes correctly, and the
 benchmark runs end to end and reports both sides. Skipped when TRL (an optional extra) is absent."""
+import json
 import os
 
 import pytest
@@ -124,3 +125,30 @@ def test_peer_cuts_a_turn_after_a_stop_string_spread_over_several_tokens(split_t
     eos = min(codec.eos_ids)
     assert rollout._chunk_end(codec.encode("the answer") + [eos] + codec.encode("</search>")) == len(codec.encode("the answer")) + 1
     env.close()
+
+
+def test_the_command_writes_the_medians_and_ratios_of_the_timed_steps(tmp_path, monkeypatch, capsys):
+    def record(rollout_s, total_s, agent_tokens=40):
+        return grpo_step_vs_trl.StepRecord(rollout_s=rollout_s, total_s=total_s, episodes=4, prompt_tokens=48,
+                                           agent_tokens=agent_tokens, env_tokens=20, searches=2, reward=0.5)
+
+    # a warm-up step per side (dropped from the medians), then three timed ones
+    trl_records = [record(9.0, 90.0), record(2.0, 6.0), record(3.0, 8.0), record(4.0, 7.0)]
+    our_records = [record(5.0, 50.0), record(1.0, 2.0), record(1.0, 4.0), record(2.0, 3.0, agent_tokens=60)]
+    monkeypatch.setattr(grpo_step_vs_trl, "run", lambda args: (trl_records, our_records))
+    argv = ["--steps", "3", "--warmup", "1", "--prompts", "2", "--group", "2", "--micro-batch", "2", "--output-dir", str(tmp_path)]
+    assert grpo_step_vs_trl.main(argv) == 0
+    assert "target: ours >= 1.5x faster per step: met (2.33x)" in capsys.readouterr().out  # 7 s / 3 s
+    saved = json.loads((tmp_path / "grpo_step_vs_trl.json").read_text(encoding="utf-8"))
+    assert saved["command"] == "python -m benchmarks.grpo_step_vs_trl " + " ".join(argv)
+    trl, ours = saved["summary"]
+    assert (trl["side"], trl["rollout_s"], trl["update_s"], trl["total_s"]) == ("TRL", 3.0, 4.0, 7.0)
+    assert (ours["side"], ours["rollout_s"], ours["update_s"], ours["total_s"]) == ("ours", 1.0, 1.0, 3.0)  # updates 1, 3, 1 s
+    assert ours["agent_tokens_per_s"] == 20.0 and ours["agent_tokens_per_episode"] == 10.0 and ours["searches_per_episode"] == 0.5
+    assert saved["trl_over_ours"] == {"rollout_s": 3.0, "update_s": 4.0, "total_s": 7 / 3}
+    assert [step["warmup"] for step in saved["steps"]["ours"]] == [True, False, False, False]
+    assert saved["steps"]["TRL"][0]["update_s"] == 81.0
+    markdown = (tmp_path / "grpo_step_vs_trl.md").read_text(encoding="utf-8")
+    assert "| ours | 1 | 1 | 3 | 20.0 | 4 | 10.0 | 5 | 12.0 | 0.5 | 0.5 |" in markdown
+    assert "TRL / ours: rollout 3.00x, update 4.00x, whole step 2.33x. target: ours >= 1.5x faster per step: met (2.33x)." in markdown
+    assert (tmp_path / "grpo_step_vs_trl.csv").read_text(encoding="utf-8").splitlines()[2].startswith("ours,1.0,1.0,3.0,20.0,4,")

@@ -2,6 +2,7 @@
 reports both processes' memory; the figures themselves are the benchmark's business."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -17,8 +18,18 @@ def test_the_soak_samples_the_trainer_and_its_worker(tmp_path, capsys):
     from benchmarks.memory_soak import main
 
     out = tmp_path / "soak.json"
-    result = main(["--steps", "4", "--every", "2", "--tracemalloc", "--json", str(out)])
+    argv = ["--steps", "4", "--every", "2", "--tracemalloc", "--json", str(out), "--output-dir", str(tmp_path / "out")]
+    result = main(argv)
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    saved = json.loads((tmp_path / "out" / "memory_soak.json").read_text())
+    assert saved["command"] == "python -m benchmarks.memory_soak " + " ".join(argv) and saved["machine"]["cores"] >= 1
+    assert saved["samples"] == json.loads(json.dumps(result["samples"])) and saved["growth_per_100_steps"] == result["growth_per_100_steps"]
+    with open(tmp_path / "out" / "memory_soak.csv", encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows] == [1, 2, 4] and float(rows[-1]["trainer_rss_mb"]) == result["samples"][-1]["trainer_rss_mb"]
+    table = (tmp_path / "out" / "memory_soak.md").read_text()
+    assert "| figure | steps 1-1 | steps 1-2 | steps 2-3 | steps 3-4 |" in table and "| objects | " in table
+    assert (tmp_path / "out" / "memory_soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib: in the agents extra
     assert [s["step"] for s in result["samples"]] == [1, 2, 4]
     for sample in result["samples"]:
         assert sample["trainer_rss_mb"] > 0 and sample["objects"] > 0

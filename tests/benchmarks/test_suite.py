@@ -2,6 +2,7 @@
 its reason while the others run, and a --quick run whose report has the promised structure."""
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -69,6 +70,37 @@ def test_a_failing_benchmark_is_reported_in_one_line_and_the_others_still_run(tm
     assert (by_name["c"]["status"], by_name["c"]["reason"]) == ("skipped", "not here")
     assert by_name["d"]["status"] == "ok" and by_name["d"]["measures"][0]["median"] == 3.0
     assert "failed: a, b" in capsys.readouterr().out
+
+
+def test_the_report_goes_into_the_generated_section_of_a_results_file_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    def works(options: suite.Options, section: Section) -> None:
+        section.measures.append(Measure("fine", "ms", [2.0, 4.0], True))
+
+    monkeypatch.setattr(suite, "BENCHMARKS", {"d": ("D.", works)})
+    results = tmp_path / "RESULTS.md"
+    history = "# Benchmark results\n\nHand-written history.\n"
+    results.write_text(history, encoding="utf-8")
+    assert suite.main(["--output-dir", str(tmp_path / "plain")]) == 0
+    assert results.read_text(encoding="utf-8") == history  # off by default
+    with open(tmp_path / "plain" / "report.csv", encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["benchmark"], r["name"], r["unit"], r["median"], r["values"], r["runs"]) for r in rows] == [("d", "fine", "ms", "3.0", "2.0 4.0", "2")]
+
+    argv = ["--output-dir", str(tmp_path / "out"), "--results-md", str(results)]
+    for _ in range(2):  # the second run replaces the section the first one added
+        assert suite.main(argv) == 0
+        text = results.read_text(encoding="utf-8")
+        assert text.startswith(history + "\n<!-- generated section suite: begin") and text.count("generated section suite: begin") == 1
+        assert text.endswith("\n<!-- generated section suite: end -->\n")
+        section = text[len(history):]
+        assert "\n## Performance report\n\nGenerated " in section and f"by `python -m benchmarks.suite {' '.join(argv)}`; machine: " in section
+        assert "\n### d (" in section and "| fine | ms | 3 | 2 | 4 | 2 |" in section
+        assert not [line for line in section.splitlines() if line.startswith("# ")]  # a section of the file, not a title
+    assert f"the generated section 'suite' of {results} now holds this report" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        suite.main(["--results-md", str(tmp_path / "missing" / "RESULTS.md")])
+    assert exit_info.value.code == 2 and "--results-md: no folder" in capsys.readouterr().err
 
 
 #: A server that accepts connections and never answers: a health check times out reading.
@@ -142,6 +174,9 @@ def test_quick_runs_every_benchmark_or_says_why_not(tmp_path: Path, capsys: pyte
     if by_name["retrieval_throughput"]["status"] == "ok":  # BM25 only in quick mode: no peer
         assert not by_name["retrieval_throughput"]["comparisons"]
         assert {m["name"] for m in by_name["retrieval_throughput"]["measures"]} >= {"bm25: 1/request", "bm25: in-process 1/call"}
+    with open(out / "report.csv", encoding="utf-8", newline="") as handle:
+        lines = [(row["benchmark"], row["name"], float(row["median"])) for row in csv.DictReader(handle)]
+    assert lines == [(s["name"], m["name"], m["median"]) for s in report["benchmarks"] for m in s["measures"]]
     text = (out / "report.md").read_text()
     assert text.startswith("# Performance report\n") and "## Ratios against peers, measured in this run" in text
     for section in report["benchmarks"]:
