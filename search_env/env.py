@@ -230,15 +230,27 @@ class SearchQAEnv(gym.Env[Observation, Action]):
                 ep.end("max_new_tokens" if ep.n_new >= self.max_new_tokens else "max_context", truncated=True)
                 self._finish(ep)
                 return self._step_result(ep, len(ep.ids) - 1, None)
-        ids, chunk = action_ids(action, self._vocab)
+        if type(action) is list:  # a sampler's chunk: plain ints in range are used as they are, uncopied (see below)
+            vocab = self._vocab
+            for t in action:
+                if type(t) is not int or t < 0 or t >= vocab:
+                    ids, chunk = action_ids(action, vocab)  # converts numpy ids, or raises with its message
+                    break
+            else:
+                ids, chunk = action, True
+        else:
+            ids, chunk = action_ids(action, self._vocab)
         if self._in_step:
             raise RuntimeError(_STEP_IN_PROGRESS)
         start = len(ep.ids)
+        # ``ids`` may be the caller's list: it is only read, and only until this call returns (the step's
+        # searches are answered within it), so it needs no copy. start_step copies (action_ids does), as
+        # its caller holds the step open across calls.
         used, call = self._transition.advance(ep, ids)
         if call is None:  # no search call closed (an answer turn, most chunks): no step to hold open
             if ep.end_reason is not None:
                 self._finish(ep)
-            return self._step_result(ep, start, used if chunk else None)
+            return self._step_result(ep, start, used if chunk else None, ids)
         request = self._hold(ep, start, chunk, ids, used, call)
         while request is not None:
             request = self.take_results(self.searcher.answer({0: request})[0])
@@ -416,21 +428,38 @@ class SearchQAEnv(gym.Env[Observation, Action]):
                                  evidence_model=self.evidence_model, judge=self.judge)
         traj.reward = float(result.total)
         traj.reward_components = dict(result.components)
-        ep.event("end")
+        ep.events.append({"event": "end", "token_index": len(ep.ids)})  # ep.event("end"), inline
 
     def _score_at_step(self, response: str, golden_answers: list[str], **kwargs: Any) -> RewardResult:
         """Score with the StepReward at the training step set by :meth:`set_reward_step`."""
         return self.reward(response, golden_answers, step=self._reward_step, **kwargs)  # type: ignore[operator]
 
-    def _step_result(self, ep: EpisodeBuffer, start: int, consumed: int | None) -> StepResult:
-        """What the step that began at token ``start`` made visible, and the episode's end if it came."""
-        obs: Observation = {"token_ids": tuple(ep.ids[start:]), "producers": tuple(ep.producers[start:])}
-        info: Info = {} if consumed is None else {"consumed": consumed}
-        if ep.events:  # the step's events, leaving none for the next step
-            info["events"], ep.events = ep.events, []
+    def _step_result(self, ep: EpisodeBuffer, start: int, consumed: int | None, ids: list[int] | None = None) -> StepResult:
+        """What the step that began at token ``start`` made visible, and the episode's end if it came.
+        ``consumed``: how many ids of the chunk ``ids`` the step used (None for one id)."""
+        if consumed is not None and len(ep.ids) - start == consumed:
+            # A chunk's step appends the ids it uses as agent tokens, so when no observation came (no result,
+            # no error) its tokens are those ids, every one the agent's: no slices of the record are needed.
+            obs: Observation = {"token_ids": tuple(ids) if ids is not None and consumed == len(ids) else tuple(ep.ids[start:]),
+                                "producers": _AGENT_ONLY * consumed}
+        else:
+            obs = {"token_ids": tuple(ep.ids[start:]), "producers": tuple(ep.producers[start:])}
+        events = ep.events
         if ep.end_reason is None:
+            info: Info = {} if consumed is None else {"consumed": consumed}
+            if events:  # the step's events, leaving none for the next step
+                info["events"], ep.events = events, []
             return obs, 0.0, False, False, info
+        # The episode's end: the same keys in the same order, the dict built at once.
         traj = ep.trajectory
-        info["trajectory"], info["reward_components"] = traj, traj.reward_components
-        info["answer"], info["end_reason"] = traj.answer, traj.end_reason
+        if consumed is not None and events:
+            ep.events = []
+            info = {"consumed": consumed, "events": events, "trajectory": traj, "reward_components": traj.reward_components,
+                    "answer": traj.answer, "end_reason": traj.end_reason}
+        else:
+            info = {} if consumed is None else {"consumed": consumed}
+            if events:
+                info["events"], ep.events = events, []
+            info["trajectory"], info["reward_components"] = traj, traj.reward_components
+            info["answer"], info["end_reason"] = traj.answer, traj.end_reason
         return obs, traj.reward, not ep.truncated, ep.truncated, info

@@ -72,9 +72,10 @@ class EpisodeBuffer:
         for t in ids:
             text += token_bytes[t]
             ends.append(len(text))
+        n = len(ids)
         self.ids.extend(ids)
-        self.producers += _AGENT_BYTE * len(ids)
-        self.n_new += len(ids)
+        self.producers += _AGENT_BYTE * n
+        self.n_new += n
 
     def take_back(self, length: int) -> None:
         """Drop the agent tokens after the first ``length`` tokens (a run appended in bulk went on past
@@ -122,12 +123,15 @@ class EpisodeBuffer:
             call_open, call_close = protocol.call_open.encode(), protocol.call_close.encode()
             if self.text.rfind(call_open, self.turn_start) > self.text.rfind(call_close, self.turn_start):
                 self.counters["unterminated_calls"] += 1
-        traj = self.trajectory
-        traj.response_text = self.decode(self.prompt_bytes)
+        traj, text, begin = self.trajectory, self.text, self.prompt_bytes
+        traj.response_text = response = text[begin:].decode("utf-8", "replace")  # self.decode(begin), inline
         if self.answer_at is not None:
-            traj.answer = self.decode(*self.answer_at).strip()
+            first, end = self.answer_at
+            # self.decode(first, end): an ASCII response is its bytes, so the answer is a slice of it.
+            answer = response[first - begin : end - begin] if response.isascii() else text[first:end].decode("utf-8", "replace")
+            traj.answer = answer.strip()
         spans = protocol.untrained_agent_spans
-        traj.trained = self.trained_mask(spans) if spans else bytearray(self.producers)  # no spans: the producer mask
+        traj.trained = self.trained_mask(spans) if spans else self.producers[:]  # no spans: a copy of the producer mask
         return traj
 
     def trained_mask(self, untrained_spans: Sequence[tuple[str, str]]) -> bytearray:

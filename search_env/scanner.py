@@ -30,11 +30,27 @@ class TagScanner:
         self.attention = codec.tag_tables(final_bytes)[1]
         self.attention_ids = codec.attention_ids(final_bytes)
         self._lookups = tuple((which, tag, len(tag)) for which, tag in enumerate(self.tags))
+        # Two tags (a call's and an answer's close tags, what the transition watches): the loop unrolled.
+        self._pair = None if len(self.tags) != 2 else (
+            self.tags[0], len(self.tags[0]) - 1, len(self.tags[0]), self.tags[1], len(self.tags[1]) - 1, len(self.tags[1])
+        )
 
     def first_tag(self, buf: bytearray, after: int, turn_start: int) -> tuple[int, int, int] | None:
         """The watched tag (its index in ``tags``) that ends first among those ending after byte offset
         ``after`` (and starting in the current turn), with the offsets where it starts and ends; None
-        when no tag ends there. Of two tags ending at the same byte, the first in ``tags`` wins."""
+        when no tag ends there. Of two tags ending at the same byte, the first in ``tags`` wins.
+
+        Two tags are searched without the loop over them, whose fixed cost every step that may close a
+        tag (an answer turn) would pay."""
+        if self._pair is not None:
+            tag0, back0, length0, tag1, back1, length1 = self._pair
+            start = after - back0
+            pos0 = buf.find(tag0, start if start > turn_start else turn_start)
+            start = after - back1
+            pos1 = buf.find(tag1, start if start > turn_start else turn_start)
+            if pos1 != -1 and (pos0 == -1 or pos1 + length1 < pos0 + length0):  # a tie goes to tags[0]
+                return (1, pos1, pos1 + length1)
+            return None if pos0 == -1 else (0, pos0, pos0 + length0)
         best: tuple[int, int, int] | None = None
         for which, tag, length in self._lookups:
             start = after - length + 1

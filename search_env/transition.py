@@ -18,8 +18,8 @@ acyclic) and answers any other with an error observation listing the violations.
 """
 from __future__ import annotations
 
-import bisect
 import time
+from bisect import bisect_left, bisect_right
 from typing import Any, Collection, Generator, Sequence
 
 from search_env.episode import EpisodeBuffer
@@ -28,7 +28,7 @@ from search_env.scanner import TagScanner
 from search_env.searching import MAX_QUERY_CHARS, PlanRequest, Request, SearchRequest
 from search_env.sources.base import Passage
 from search_env.tokenization import TokenCodec
-from search_env.trajectory import ToolCall
+from search_env.trajectory import Span, ToolCall
 
 __all__ = ["Transition"]
 
@@ -75,6 +75,7 @@ class Transition:
         # The tags the transition looks for in the episode's bytes, encoded once.
         self._call_open, self._answer_open = protocol.call_open.encode(), protocol.answer_open.encode()
         self._answer_close = protocol.answer_close.encode()
+        self._answer_close_ascii = len(self._answer_close) == len(protocol.answer_close)
 
     def advance(self, ep: EpisodeBuffer, ids: Sequence[int], i: int = 0) -> tuple[int, Call | None]:
         """Take ``ids`` from ``i`` on until they run out, the episode ends or a search call closes. Returns
@@ -90,10 +91,15 @@ class Transition:
         without a search call runs as plain calls: no generator is made, resumed and stopped for it."""
         n = len(ids)
         scanner, token_bytes = self.scanner, self.token_bytes
+        max_new, max_context = self.max_new_tokens, self.max_context
         while i < n and ep.end_reason is None:
-            room = min(self.max_new_tokens - ep.n_new, self.max_context - len(ep.ids))
-            stop = i + room if i + room < n else n
-            run = ids[i:stop]
+            stop = i + max_new - ep.n_new  # where the first budget to run out ends the run
+            context_stop = i + max_context - len(ep.ids)
+            if context_stop < stop:
+                stop = context_stop
+            if stop > n:
+                stop = n
+            run = ids if i == 0 and stop == n else ids[i:stop]  # only read: a whole chunk needs no copy
             if scanner.attention_ids.isdisjoint(run):
                 ep.append_agent(run, token_bytes)
                 i = stop
@@ -107,19 +113,20 @@ class Transition:
                 found = scanner.first_tag(ep.text, after, ep.turn_start)
                 if found is not None:
                     tag, at, end = found
-                    last = bisect.bisect_left(ep.ends, end, first)  # the token that completes the tag
+                    last = bisect_left(ep.ends, end, first)  # the token that completes the tag
                     if last + 1 < len(ep.ids):
                         ep.take_back(last + 1)
                     i += last + 1 - first
                     if tag == _CALL:
                         return i, self._close_call(ep, at)
-                    self._close_answer(ep, at)
+                    self._close_answer(ep, at, last)
                 elif eos is not None:
                     ep.end("eos", truncated=False)
                     return i + eos + 1, None
                 else:
                     i += len(run)
-            self._check_budgets(ep)
+            if ep.end_reason is None and (ep.n_new >= max_new or len(ep.ids) >= max_context):  # _check_budgets, inline
+                ep.end("max_new_tokens" if ep.n_new >= max_new else "max_context", truncated=True)
         return i, None
 
     def with_calls(self, ep: EpisodeBuffer, ids: Sequence[int], i: int, call: Call | None) -> Stepping:
@@ -137,14 +144,18 @@ class Transition:
         if ep.end_reason is None and (ep.n_new >= self.max_new_tokens or len(ep.ids) >= self.max_context):
             ep.end("max_new_tokens" if ep.n_new >= self.max_new_tokens else "max_context", truncated=True)
 
-    def _close_answer(self, ep: EpisodeBuffer, at: int) -> None:
+    def _close_answer(self, ep: EpisodeBuffer, at: int, last: int) -> None:
+        """The answer's close tag starts at byte ``at`` and ends in token ``last``."""
         p = self.protocol
         opened = ep.text.rfind(self._answer_open, ep.turn_start, at)
         if opened == -1:
             ep.counters["invalid_calls"] += 1
             self._insert(ep, p.invalid_action_text or p.error_text(f"{p.answer_close} without {p.answer_open}"), "error", "invalid_answer")
             return
-        ep.add_span("answer", opened, at + len(p.answer_close))
+        # The span of add_span("answer", opened, at + len(p.answer_close)), whose last token is ``last`` when
+        # the tag's text is as long as its bytes (the offsets add the text's length, so a non-ASCII tag looks up its own).
+        end = last + 1 if self._answer_close_ascii else bisect_left(ep.ends, at + len(p.answer_close)) + 1
+        ep.trajectory.spans.append(Span("answer", bisect_right(ep.ends, opened), end))
         if ep.answer_at is None:  # the first answer of the episode is the one recorded
             ep.answer_at = (opened + len(p.answer_open), at)
         if p.answer_ends_episode:
