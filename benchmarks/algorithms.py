@@ -14,7 +14,8 @@ of its own) with ``run.seed`` set to the seed. The sample budget is the recipe's
 ``questions_per_step`` questions, the others (PPO, REINFORCE++) one answer to each of
 ``questions_per_step x group_size`` questions. The recipe's loss settings that are not what tells the
 algorithms apart are shared too (:data:`SHARED_FIELDS`: the KL and entropy coefficients, the clip range
-unless the variant changes it).
+unless the variant changes it). The world, its indexes and the held-out world are built once and shared by
+every run (:func:`agents.training.data.build_data`).
 
 **What differs** is each algorithm's own definition, in :data:`VARIANTS`: its advantage estimator and
 its loss settings (Dr. GRPO and DAPO as settings of GRPO, as :mod:`agents.learners.grpo` defines them).
@@ -64,6 +65,7 @@ from search_env.console import HelpFormatter
 if TYPE_CHECKING:
     from agents.policies.policy import HFPolicy
     from agents.training.config import TrainConfig
+    from agents.training.data import RunData
     from agents.training.evaluation import EvalResult
     from agents.training.result import TrainResult
     from agents.training.trainer import Trainer
@@ -291,16 +293,22 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def run_algorithm(config: TrainConfig, algorithm: str, *, window: int, log: Callable[[str], Any] = print) -> RunRecord:
-    """Train ``config`` (a :func:`variant_config`) and return its record, with its collapse steps."""
+def run_algorithm(config: TrainConfig, algorithm: str, *, window: int, log: Callable[[str], Any] = print,
+                  data: RunData | None = None) -> RunRecord:
+    """Train ``config`` (a :func:`variant_config`) and return its record, with its collapse steps. ``data``:
+    the questions and sources built already for the recipe (:func:`agents.training.data.build_data`),
+    shared with the other runs, which this run leaves open; by default they are built for this run."""
     from agents.training.build import build_trainer
 
     record = RunRecord(algorithm, config.run.seed, config.run.output_dir)
-    trainer = build_trainer(config, callbacks=[AlgorithmCurve(record, log)])
+    trainer = build_trainer(config, callbacks=[AlgorithmCurve(record, log)], data=data)
     try:
         trainer.train()
     finally:
-        trainer.close_environments()
+        if data is None:
+            trainer.close_environments()
+        else:  # the environment worker only: the sources are the next run's too
+            trainer.close()
     steps = [p["step"] for p in record.steps]
     record.collapse = {name: collapse_step(steps, [p[name] for p in record.steps], fraction=fraction, window=window)
                        for name, fraction in COLLAPSE_FRACTIONS.items()}
@@ -499,6 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the policy export's bar would bury the progress lines
+    from agents.training.data import build_data
     from benchmarks.machine import machine_info
     from benchmarks.policy_cache import WarmStart, cached_warm_start
 
@@ -506,17 +515,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     warm_starts: dict[int, WarmStart] = {}
     records: list[RunRecord] = []
-    for i, (variant, seed, config) in enumerate(planned, 1):
-        if seed not in warm_starts:
-            warm = warm_starts[seed] = cached_warm_start(base.updated({"run.seed": seed}), args.cache_dir)
-            made = "reused from the cache" if warm.reused else "made"
-            loss = [warm.stats.get(f"sft/loss_{end}", float("nan")) for end in ("first", "last")]
-            print(f"seed {seed}: warm start {made} ({warm.policy_dir}; {warm.seconds / 60:.1f} min when made, loss "
-                  f"{loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
-        config = config.updated({"model.name": str(warm_starts[seed].policy_dir)})
-        print(f"run {i}/{len(planned)}: {variant.name} seed {seed}, {config.rollout.questions_per_step} questions x "
-              f"{config.algorithm.group_size} per step, {config.run.steps} steps -> {config.run.output_dir}", flush=True)
-        records.append(run_algorithm(config, variant.name, window=window, log=lambda line: print(line, flush=True)))
+    data: RunData | None = None  # every run trains and evaluates on the same worlds: built once, at the first run
+    try:
+        for i, (variant, seed, config) in enumerate(planned, 1):
+            if seed not in warm_starts:
+                warm = warm_starts[seed] = cached_warm_start(base.updated({"run.seed": seed}), args.cache_dir)
+                made = "reused from the cache" if warm.reused else "made"
+                loss = [warm.stats.get(f"sft/loss_{end}", float("nan")) for end in ("first", "last")]
+                print(f"seed {seed}: warm start {made} ({warm.policy_dir}; {warm.seconds / 60:.1f} min when made, loss "
+                      f"{loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
+            config = config.updated({"model.name": str(warm_starts[seed].policy_dir)})
+            if data is None:
+                built = time.perf_counter()
+                data = build_data(config)
+                print(f"data: the world, its indexes and the held-out world built once, in {time.perf_counter() - built:.1f} s, "
+                      f"for the {len(planned)} runs", flush=True)
+            print(f"run {i}/{len(planned)}: {variant.name} seed {seed}, {config.rollout.questions_per_step} questions x "
+                  f"{config.algorithm.group_size} per step, {config.run.steps} steps -> {config.run.output_dir}", flush=True)
+            records.append(run_algorithm(config, variant.name, window=window, log=lambda line: print(line, flush=True), data=data))
+    finally:
+        if data is not None:
+            data.close()
     rows = summarize(records, window)
     table = format_table(rows)
     print()

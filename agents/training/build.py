@@ -19,26 +19,31 @@ from agents.policies.loading import load_policy
 from agents.training.backend import build_backend, training_dtype
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
-from agents.training.data import split_data
+from agents.training.data import RunData, split_data
 from agents.training.trainer import Trainer
 from search_env import BatchSearchQAEnv
 
 __all__ = ["build_trainer", "engine_defaults", "env_options", "policy_load_dtype", "rollout_engine"]
 
 
-def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = ()) -> Trainer:
+def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = (), data: RunData | None = None) -> Trainer:
     """The policy, environments, algorithm, backend and trainer of a run, from its config.
 
     Seeds Python's, NumPy's and torch's generators with ``run.seed`` and sets torch's thread count; with
-    ``run.resume`` the trainer continues from the checkpoint in ``run.output_dir``. Raises
-    ``ValueError``/``KeyError``/``OSError`` (one line) for bad input.
+    ``run.resume`` the trainer continues from the checkpoint in ``run.output_dir``. ``data``: the
+    questions and sources built already (:func:`agents.training.data.build_data`, e.g. once for several
+    trainers), which must be what the config's ``data`` and ``eval`` groups ask for; by default they are
+    built here. Raises ``ValueError``/``KeyError``/``OSError`` (one line) for bad input, ``data`` made
+    for another config included.
     """
+    if data is not None:
+        data.check(config)
     engine_defaults(config)
     torch.set_num_threads(config.run.num_threads)
     random.seed(config.run.seed)
     np.random.seed(config.run.seed)
     torch.manual_seed(config.run.seed)
-    (train_examples, train_sources), held_out = split_data(config)
+    (train_examples, train_sources), held_out = split_data(config) if data is None else data.for_config(config)
     algorithm = lookup_algorithm(config.algo)(config.algorithm, max_new_tokens=config.env.max_new_tokens)
     policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed,
                          dtype=policy_load_dtype(config)).to(config.run.device)

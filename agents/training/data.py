@@ -8,9 +8,9 @@ questions (which training then does not see).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,8 +19,10 @@ from search_env.sources.base import Source
 
 if TYPE_CHECKING:
     from agents.training.config import DataConfig, TrainConfig
+    from search_env.synthetic import SyntheticWorld
 
-__all__ = ["Data", "QuestionOrder", "light_stem", "split_data", "synthetic_data"]
+__all__ = ["Data", "QuestionOrder", "RunData", "build_data", "data_settings", "light_stem", "split_data", "synthetic_data",
+           "synthetic_world", "world_sources"]
 
 Data = tuple[list[QAExample], dict[str, Source]]
 """Questions and the named sources they are searched in."""
@@ -43,13 +45,17 @@ def split_data(config: TrainConfig) -> tuple[Data, Data | None]:
     evaluation). Dataset files are read before any corpus is indexed, so a bad dataset fails at once."""
     data, n_eval = config.data, config.eval.questions
     if data.dataset == "synthetic":
-        train = synthetic_data(data, data.world_seed, data.world_size)
+        world = synthetic_world(data, data.world_seed, data.world_size)
+        train = list(world.questions), world_sources(world, data)
         if n_eval <= 0:
             return train, None
         # With by_hops, eval.questions counts each hop count: draw enough for the rarest.
         size = 4 * n_eval * data.world_max_hops if config.eval.by_hops else n_eval
-        held_out_from = data.world_seed if data.eval_new_words else None
-        return train, synthetic_data(data, data.eval_world_seed, size, held_out_from=held_out_from)
+        # the trained world's words, from the world itself (its names do not depend on its questions)
+        excluded = world.invented_words() if data.eval_new_words else frozenset()
+        del world  # its passages live on in the sources; the rest can go before the next world is made
+        held_out = synthetic_world(data, data.eval_world_seed, size, excluded_stems=excluded)
+        return train, (list(held_out.questions), world_sources(held_out, data))
     from search_env.data.loaders import load_dataset
 
     examples = load_dataset(data.dataset)
@@ -64,11 +70,77 @@ def split_data(config: TrainConfig) -> tuple[Data, Data | None]:
     return (examples[:-n_eval], sources), (examples[-n_eval:], sources)
 
 
+@dataclass
+class RunData:
+    """What :func:`split_data` builds for a config, kept to build several trainers on: pass it to
+    :func:`agents.training.build.build_trainer` as ``data=`` and the world, its indexes and the held-out
+    world are built once, not per trainer.
+
+    Attributes:
+        train: the training questions and their sources.
+        held_out: the held-out questions and theirs (``None``: built for a config without evaluation).
+        settings: the config values it was built from (:func:`data_settings`).
+
+    Every trainer built on it shares its sources: ``Trainer.close_environments`` closes them for all of
+    them, so close them once (:meth:`close`) after the last trainer is done.
+    """
+
+    train: Data
+    held_out: Data | None
+    settings: dict[str, Any]
+
+    def check(self, config: TrainConfig) -> None:
+        """Raise ``ValueError`` (one line, naming the settings that differ) unless ``config`` asks for
+        this data: the same ``data`` group and, when ``config`` evaluates, the same held-out questions
+        (``eval.questions`` and ``eval.by_hops``). A config without evaluation takes data built with it."""
+        wanted = data_settings(config)
+        if config.eval.questions <= 0:
+            wanted = {k: v for k, v in wanted.items() if not k.startswith("eval.")}
+        differ = [key for key, value in wanted.items() if self.settings.get(key) != value]
+        if differ:
+            raise ValueError("the pre-built data was made for another config: "
+                             + ", ".join(f"{key} is {self.settings.get(key)!r} there, {wanted[key]!r} here" for key in differ))
+
+    def for_config(self, config: TrainConfig) -> tuple[Data, Data | None]:
+        """:func:`split_data`'s result for ``config``, which :meth:`check` accepts (held-out questions
+        only when it evaluates)."""
+        self.check(config)
+        return self.train, self.held_out if config.eval.questions > 0 else None
+
+    def close(self) -> None:
+        """Close every distinct source (training and held-out) once."""
+        sources = [*self.train[1].values(), *(self.held_out[1].values() if self.held_out is not None else ())]
+        for source in {id(s): s for s in sources}.values():
+            source.close()
+
+
+def build_data(config: TrainConfig) -> RunData:
+    """:func:`split_data` for ``config``, kept with the settings it was built from."""
+    train, held_out = split_data(config)
+    return RunData(train, held_out, data_settings(config))
+
+
+def data_settings(config: TrainConfig) -> dict[str, Any]:
+    """The config values :func:`split_data` builds from: the ``data`` group, ``eval.questions`` and
+    ``eval.by_hops`` (how many held-out questions), as ``{"group.field": value}``."""
+    return {**{f"data.{name}": value for name, value in asdict(config.data).items()},
+            "eval.questions": config.eval.questions, "eval.by_hops": config.eval.by_hops}
+
+
 def synthetic_data(data: DataConfig, seed: int, size: int, *, held_out_from: int | None = None) -> Data:
     """A synthetic world's questions and a BM25 source per world source, plus ``"all"`` over every
     passage, as the environment's default world has. ``held_out_from``: the seed of a world made with
     the same settings whose invented words this one must not use."""
-    from search_env.sources.bm25 import BM25Source
+    excluded: frozenset[str] = frozenset()
+    if held_out_from is not None:
+        excluded = synthetic_world(data, held_out_from, 0).invented_words()  # names do not depend on questions
+    world = synthetic_world(data, seed, size, excluded_stems=excluded)
+    return list(world.questions), world_sources(world, data)
+
+
+def synthetic_world(data: DataConfig, seed: int, size: int, *, excluded_stems: frozenset[str] = frozenset()) -> SyntheticWorld:
+    """The synthetic world of ``seed`` with ``size`` questions, as ``data``'s ``world_*`` settings make it,
+    using none of ``excluded_stems`` (invented words, e.g. another world's)."""
     from search_env.synthetic import WorldConfig, generate_world
 
     options: dict = {"max_hops": data.world_max_hops, "stem_tokens": data.world_stem_tokens}
@@ -76,16 +148,17 @@ def synthetic_data(data: DataConfig, seed: int, size: int, *, held_out_from: int
         options.update(comparison_fraction=0.0, yes_no_fraction=0.0)
     elif data.world_max_hops < 2:  # comparison questions take two lookups: a 1-hop world has none
         options["comparison_fraction"] = 0.0
-    world_config = WorldConfig(**options).scaled(data.world_scale)
-    if held_out_from is not None:
-        trained_on = generate_world(seed=held_out_from, n_questions=0, config=world_config)  # names do not depend on questions
-        world_config = replace(world_config, excluded_stems=trained_on.invented_words())
-    world = generate_world(seed=seed, n_questions=size, config=world_config)
+    world_config = replace(WorldConfig(**options).scaled(data.world_scale), excluded_stems=excluded_stems)
+    return generate_world(seed=seed, n_questions=size, config=world_config)
+
+
+def world_sources(world: SyntheticWorld, data: DataConfig) -> dict[str, Source]:
+    """A BM25 source per source of ``world``, plus ``"all"`` over every passage (``world.passages()``), with
+    ``data.bm25_stemmer``; each passage is tokenised once for both of the indexes that hold it."""
+    from search_env.sources.bm25 import bm25_sources
+
     stemmer = light_stem if data.bm25_stemmer == "light" else None
-    sources: dict[str, Source] = {name: BM25Source(passages, name=name, stemmer=stemmer)
-                                  for name, passages in world.sources.items()}
-    sources["all"] = BM25Source(world.passages(), name="all", stemmer=stemmer)
-    return list(world.questions), sources
+    return dict(bm25_sources(world.sources, union="all", stemmer=stemmer))
 
 
 def _corpus_source(config: TrainConfig) -> Source:

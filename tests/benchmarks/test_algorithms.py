@@ -175,15 +175,27 @@ def _heldout_em(record: dict) -> float:
     return sum(record[f"eval/greedy/{h}/em"] * n for h, n in zip(hops, episodes)) / sum(episodes)
 
 
-def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     skip_without(*AGENTS_EXTRA)
+    import search_env.synthetic
     from benchmarks.algorithms import METRICS, main
 
+    worlds: list[int] = []
+    generate_world = search_env.synthetic.generate_world
+
+    def counted(*args, **options):
+        worlds.append(options["seed"])
+        return generate_world(*args, **options)
+
+    monkeypatch.setattr(search_env.synthetic, "generate_world", counted)
     out = tmp_path / "out"
     assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--cache-dir",
                  str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
     printed = capsys.readouterr().out
     assert "run 2/2: reinforce++ seed 0, 4 questions x 1 per step, 2 steps" in printed
+    # the warm start's trainer makes the trained world; the two runs share one copy of it and of the held-out world
+    assert worlds == [10, 10, 11] and "held-out world built once" in printed
     for name in ("table.md", "table.csv", "runs.csv", "results.json"):
         assert (out / name).stat().st_size > 0
     for metric in METRICS:
