@@ -28,7 +28,8 @@ Metrics, per dataset x protocol x agent: EM, F1 and cover-EM of the extracted an
 Outputs (--output-dir DIR): results.md (settings block and table), results.csv, results.png (bar chart),
   episodes.jsonl (each episode: trajectory text, answer, metrics, reward components) and settings.json.
   Rerunning with the same DIR resumes: episodes already in episodes.jsonl are not played again (a torn
-  last line is dropped), and the tables are recomputed from it.
+  last line is dropped), and the tables are recomputed from it. --results-md PATH also rewrites the
+  generated section "evaluation" of that markdown file (benchmarks/RESULTS.md keeps the latest run there).
 Retrieval record/replay: --record-retrieval FILE keeps every search (source configuration, query, k ->
   passages); --replay-retrieval FILE answers a later run from it with no retriever built (identical
   scores). A search the file lacks stops the run, or with --replay-missing live is searched and added.
@@ -58,10 +59,13 @@ from benchmarks.evaluation.report import print_legend, print_table, summarize, t
 from benchmarks.evaluation.retrieval import RETRIEVERS, Retrieval, RetrievalOptions
 from benchmarks.evaluation.runner import EnvOptions, Plan, play, run
 from benchmarks.evaluation.store import EPISODES_FILE, EpisodeLog, check_settings
+from benchmarks.report_files import command_line, replace_generated_section
 
 __all__ = ["evaluate", "main", "print_table"]
 
 RESULT_FILES = {"markdown": "results.md", "csv": "results.csv", "chart": "results.png"}
+#: The section of ``--results-md`` that a run rewrites.
+RESULTS_SECTION = "evaluation"
 
 
 def evaluate(protocol: str, agent: str | type, episodes: int, seed: int = 0, **env_kwargs: Any) -> dict[str, Any]:
@@ -137,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--output-dir", type=Path, default=None,
                      help="write results.md/.csv/.png and episodes.jsonl here; an earlier run's folder resumes it")
     out.add_argument("--json", help="also write the table to this JSON file")
+    out.add_argument("--results-md", type=Path, default=None, metavar="PATH",
+                     help="also put the table into the generated section 'evaluation' of this markdown file (usually "
+                          "benchmarks/RESULTS.md), with the date, command and machine; the rest of the file is kept as it was")
     return parser
 
 
@@ -148,6 +155,8 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         parser.error(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
+    if args.results_md is not None and not args.results_md.parent.is_dir():
+        parser.error(f"--results-md: no folder {args.results_md.parent}")
     real = [spec for spec in args.dataset if spec != SYNTHETIC]
     has_retriever = args.corpus is not None or args.retrieval_url is not None
     if args.corpus is not None and args.retrieval_url is not None:
@@ -267,6 +276,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(table, f, indent=2)
+    if args.results_md is not None:
+        data_lines = "\n".join(f"- {dataset.name}: {_data_line(dataset, retrieval, args)}" for dataset in datasets)
+        replace_generated_section(args.results_md, RESULTS_SECTION,
+                                  f"## Evaluation harness\n\n{data_lines}\n\n{to_markdown(table)}",
+                                  command=command_line("python -m benchmarks.evaluate", argv))
+        print(f"wrote the section {RESULTS_SECTION!r} of {args.results_md}")
     return table
 
 

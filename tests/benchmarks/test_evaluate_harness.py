@@ -80,6 +80,22 @@ def test_the_synthetic_world_end_to_end_writes_the_table_chart_and_episodes(tmp_
     assert imread(out / "results.png").shape[2] in (3, 4)
 
 
+def test_results_md_gets_the_table_in_its_generated_section_and_keeps_the_rest(tmp_path: Path) -> None:
+    history = tmp_path / "RESULTS.md"
+    history.write_text("# Results\n\nHand-written history.\n", encoding="utf-8")
+    argv = ["--protocols", "search-r1", "--agents", "oracle", "--results-md", str(history)]
+    main([*argv, "--episodes", "2"])
+    text = history.read_text(encoding="utf-8")
+    assert text.startswith("# Results\n\nHand-written history.\n")
+    section = text[text.index("<!-- generated section evaluation: begin"):]
+    assert "## Evaluation harness" in section and "| synthetic | search-r1 | oracle | 2 | 1 | 1.000 |" in section
+    assert "- synthetic: 2 episodes each, synthetic world seed" in section and "--results-md" in section
+    main([*argv, "--episodes", "3"])  # a second run replaces the section
+    again = history.read_text(encoding="utf-8")
+    assert again.count("<!-- generated section evaluation: begin") == 1 and "| synthetic | search-r1 | oracle | 3 |" in again
+    assert "| synthetic | search-r1 | oracle | 2 |" not in again
+
+
 def tiny_policy_agent(greedy: bool, seed: int):
     """A user's token-level agent, given as module:function: the tiny policy (seed 0) under the HF sampler."""
     from agents.policies.loading import load_policy
