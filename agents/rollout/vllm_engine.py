@@ -46,6 +46,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, get_args
 
@@ -142,6 +143,8 @@ class VLLMEngine:
         self.sleep_enabled = bool(sleep)
         self._asleep = False
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
+        # Removed by close(), or when the engine is collected or the interpreter exits without it.
+        self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
         policy.save_pretrained(self._folder, merge_adapters=False)
         self._device_type = next(policy.model.parameters()).device.type
         on_cpu = self._device_type == "cpu"
@@ -171,7 +174,7 @@ class VLLMEngine:
             with _modules_vllm_cannot_scan(), self.own_precision():
                 self.llm = vllm.LLM(**kwargs)
         except BaseException:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            self._remove_folder()
             raise
         self.syncs = 0
         #: The policy's weights changed since the engine last loaded them (see :meth:`attach`).
@@ -299,7 +302,7 @@ class VLLMEngine:
             shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
             if callable(shutdown):
                 shutdown()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        self._remove_folder()
 
 
 class VLLMAgent:

@@ -60,6 +60,10 @@ def test_weights_sync_after_an_optimiser_step(weights):
     assert sync["after_gap"] < LOGPROB_ATOL, sync  # ... and the engine follows
 
 
+def test_the_engines_model_folder_is_removed_on_close_and_when_a_process_exits_without_it(weights):
+    assert weights["sync"]["folder_removed_on_close"] and weights["sync"]["folder_removed_at_exit"], weights["sync"]
+
+
 def test_weights_stream_into_the_engine_as_the_backend_yields_them(weights):
     """vLLM's reload reads the backend's iterator itself, one tensor at a time: none is produced before it
     runs (as building a list of them all would), so a ZeRO-3 backend's gathers happen one by one."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -101,6 +102,14 @@ def within(function_name: str) -> bool:
     return False
 
 
+FORGETFUL_PROCESS = f"""
+from agents.policies.loading import load_policy
+from agents.rollout.vllm_engine import VLLMEngine
+engine = VLLMEngine(load_policy("tiny", seed=0), memory_fraction={MEMORY}, max_model_len=256)
+print(engine._folder)
+"""
+
+
 def check_sync() -> dict:
     """The tiny model's engine before and after an optimiser step; every tensor the backend yields is asked
     for from within vLLM's ``reload_weights`` (a list of them all would be built before it is called)."""
@@ -128,7 +137,12 @@ def check_sync() -> dict:
     stale = engine.stale
     after_engine, after_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
     engine.close()
+    # A process that exits without closing its engine leaves no model folder behind either.
+    child = subprocess.run([sys.executable, "-c", FORGETFUL_PROCESS], capture_output=True, text=True, timeout=600, check=True)
+    forgotten_folder = child.stdout.strip().splitlines()[-1]
     return {
+        "folder_removed_on_close": not os.path.exists(engine._folder),
+        "folder_removed_at_exit": os.path.isabs(forgotten_folder) and not os.path.exists(forgotten_folder),
         "tokens": len(sequence) - 1,
         "stale_after_step": stale,
         "syncs": engine.syncs,
