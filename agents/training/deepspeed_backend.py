@@ -71,7 +71,8 @@ import copy
 import json
 import os
 import socket
-from contextlib import contextmanager
+import sys
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -96,9 +97,15 @@ CRITIC_TAG = "critic"
 
 
 def import_deepspeed() -> Any:
-    """The ``deepspeed`` module, or one ``ImportError`` line naming the extra that installs it."""
+    """The ``deepspeed`` module, or one ``ImportError`` line naming the extra that installs it.
+
+    DeepSpeed's logger writes to the ``sys.stdout`` of the moment it is made, at import: it is imported
+    with stdout pointing at stderr, so that its lines (the accelerator it picked, its warnings) stay off
+    the training command's stdout, which holds the run's own results.
+    """
     try:
-        import deepspeed
+        with redirect_stdout(sys.stderr):
+            import deepspeed
     except ImportError:
         raise ImportError("run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym[deepspeed]'") from None
     return deepspeed

@@ -209,3 +209,18 @@ def test_deepspeed_missing_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(ImportError, match=r"^run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym\[deepspeed\]'$"):
         import_deepspeed()
+
+
+def test_deepspeeds_own_log_lines_stay_off_stdout():
+    """DeepSpeed logs to the stdout of its import (the accelerator it picked, its warnings); imported
+    through the backend, they go to stderr, and a training command's stdout keeps only its own lines."""
+    code = ("from agents.training.deepspeed_backend import import_deepspeed\n"
+            "deepspeed = import_deepspeed()\n"
+            "from deepspeed.accelerator import get_accelerator\n"
+            "get_accelerator()\n"
+            "deepspeed.utils.logger.warning('a warning of deepspeed')\n"
+            "print('ours')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "ours\n"
+    assert "a warning of deepspeed" in done.stderr
