@@ -38,8 +38,11 @@ with its ``metrics.jsonl``); a PNG per metric (mean over seeds, with the min-max
 ``table.md`` and ``table.csv`` (per algorithm, mean ± standard deviation over seeds: final training
 reward and other step metrics as means over the last ``--window`` steps, the final held-out EM, the
 collapse steps, wall and CPU minutes of the run); ``runs.csv`` (the same per run); ``results.json``
-(everything, with each run's curves and the machine). A re-run into the same ``--output-dir`` replaces
-its runs. Wall minutes depend on the machine's load; the CPU minutes of the trainer's process (the
+(everything, with each run's curves and the machine). A run that finished (its record is in its folder,
+:data:`RECORD_FILE`) with the same settings is not trained again: a stopped benchmark goes on where it was,
+and the seeds may be run by separate commands side by side (``--seeds 1``, ``--seeds 2`` into the same
+``--output-dir``) before one command with all of them writes the table; a run with other settings is
+replaced. Wall minutes depend on the machine's load; the CPU minutes of the trainer's process (the
 environment worker's left out) less so.
 """
 from __future__ import annotations
@@ -315,6 +318,31 @@ def run_algorithm(config: TrainConfig, algorithm: str, *, window: int, log: Call
     return record
 
 
+#: A finished run's record, in its run folder: a later command with the same settings takes it instead of
+#: training again (a stopped benchmark goes on where it was; seeds may be run by separate commands).
+RECORD_FILE = "algorithm_record.json"
+
+
+def finished_run(config: TrainConfig, window: int) -> RunRecord | None:
+    """The record :func:`save_finished_run` left in ``config``'s run folder, when it was made with the same
+    settings (the whole config, the warm start's folder included, and the collapse window); else ``None``."""
+    path = Path(config.run.output_dir) / RECORD_FILE
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if saved.get("config") != json.loads(json.dumps(config.as_dict())) or saved.get("window") != window:
+        return None
+    return RunRecord(**saved["record"])
+
+
+def save_finished_run(config: TrainConfig, record: RunRecord, window: int) -> Path:
+    """Write ``record`` into its run folder with the settings it was made with (for :func:`finished_run`)."""
+    path = Path(config.run.output_dir) / RECORD_FILE
+    path.write_text(json.dumps({"config": config.as_dict(), "window": window, "record": asdict(record)}, indent=1) + "\n",
+                    encoding="utf-8")
+    return path
+
+
 # -- summaries, tables and plots --------------------------------------------------------------------------
 
 
@@ -525,14 +553,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"seed {seed}: warm start {made} ({warm.policy_dir}; {warm.seconds / 60:.1f} min when made, loss "
                       f"{loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
             config = config.updated({"model.name": str(warm_starts[seed].policy_dir)})
+            finished = finished_run(config, window)
+            if finished is not None:
+                print(f"run {i}/{len(planned)}: {variant.name} seed {seed} finished already ({config.run.output_dir})", flush=True)
+                records.append(finished)
+                continue
             if data is None:
                 built = time.perf_counter()
                 data = build_data(config)
                 print(f"data: the world, its indexes and the held-out world built once, in {time.perf_counter() - built:.1f} s, "
-                      f"for the {len(planned)} runs", flush=True)
+                      f"for the runs of this command", flush=True)
             print(f"run {i}/{len(planned)}: {variant.name} seed {seed}, {config.rollout.questions_per_step} questions x "
                   f"{config.algorithm.group_size} per step, {config.run.steps} steps -> {config.run.output_dir}", flush=True)
-            records.append(run_algorithm(config, variant.name, window=window, log=lambda line: print(line, flush=True), data=data))
+            record = run_algorithm(config, variant.name, window=window, log=lambda line: print(line, flush=True), data=data)
+            save_finished_run(config, record, window)
+            records.append(record)
     finally:
         if data is not None:
             data.close()

@@ -227,3 +227,14 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
         assert float(row["heldout_em_mean"]) == pytest.approx(final) and float(row["reward_std"]) == 0.0
         assert row["episodes_per_step"] == "4"
     assert results["warm_starts"]["0"]["reused"] is False and results["machine"]["cores"] >= 1
+
+    # the same command again takes the finished runs from their folders: nothing is built or trained
+    table_before, worlds[:] = (out / "table.md").read_text(), []
+    argv = ["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--cache-dir", str(tmp_path / "cache"),
+            "--output-dir", str(out), "--set", *TINY]
+    assert main([*argv, "--window", "2"]) == 0
+    assert capsys.readouterr().out.count("finished already") == 2 and worlds == []
+    assert (out / "table.md").read_text() == table_before
+    # other settings (here the collapse window) train the runs again
+    assert main([*argv, "--window", "1"]) == 0
+    assert "finished already" not in capsys.readouterr().out and worlds == [10, 11]
