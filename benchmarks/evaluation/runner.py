@@ -131,9 +131,14 @@ def _play_cell(cell: Cell, examples: list[QAExample], plan: Plan, retrieval: Ret
                advance: Callable[[int], Any]) -> None:
     agent = cell.agent.build(cell.seed)
     codec = getattr(agent, "codec", None)
-    env = BatchSearchQAEnv(min(plan.batch_size, len(examples)), protocol=cell.protocol, dataset=cell.dataset.examples,
+    # The search budget travels in the protocol the agent is given (an agent that plans its searches, as
+    # IRCoT does, reads it there), not only in the environment that enforces it.
+    protocol = get_protocol(cell.protocol)
+    if plan.env.max_turns is not None:
+        protocol = protocol.with_options(max_turns=plan.env.max_turns)
+    env = BatchSearchQAEnv(min(plan.batch_size, len(examples)), protocol=protocol, dataset=cell.dataset.examples,
                            sources=retrieval.sources(cell.dataset), tokenizer=codec if codec is not None else plan.env.tokenizer,
-                           top_k=plan.env.top_k, max_turns=plan.env.max_turns, max_new_tokens=plan.env.max_new_tokens,
+                           top_k=plan.env.top_k, max_new_tokens=plan.env.max_new_tokens,
                            max_context=plan.env.max_context, judge=plan.judge)
     identity = {"dataset": cell.dataset.name, "protocol": cell.protocol, "agent": cell.agent.name, "seed": cell.seed}
     try:

@@ -244,6 +244,26 @@ def test_an_endpoint_agent_is_judged_and_sampled_with_one_seed_per_sample(
     assert "judge (fake-judge)" in (out / "results.md").read_text(encoding="utf-8")
 
 
+class BudgetReader(ScriptedRolloutAgent):
+    """A no-search agent that keeps the search budget of the protocol it is given."""
+
+    budgets: list[int | None] = []
+
+    def __init__(self) -> None:
+        super().__init__(NoSearchAgent)
+
+    def begin(self, prompt_ids, *, examples, protocol, codec) -> None:
+        BudgetReader.budgets.append(protocol.max_turns)
+        super().begin(prompt_ids, examples=examples, protocol=protocol, codec=codec)
+
+
+def test_the_search_budget_of_max_turns_is_in_the_protocol_an_agent_is_given() -> None:
+    BudgetReader.budgets = []
+    main(["--protocols", "research", "--agents", f"{__name__}:BudgetReader", "--episodes", "2", "--max-turns", "2"])
+    main(["--protocols", "search-r1", "--agents", f"{__name__}:BudgetReader", "--episodes", "2"])
+    assert BudgetReader.budgets == [2, 10]  # research has no budget of its own; search-r1's is 10
+
+
 # --- agent specs -----------------------------------------------------------------------------------
 
 
