@@ -20,9 +20,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, Union
 
-import bm25s
 import numpy as np
-from bm25s.tokenization import Tokenizer
+
+from search_env.sources.bm25s_without_jax import import_bm25s
+
+bm25s = import_bm25s()
+Tokenizer = bm25s.tokenization.Tokenizer
 
 try:  # the fast index build computes bm25s's scores with bm25s's own functions
     from bm25s import scoring as _scoring
