@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         log = EpisodeLog(args.output_dir / EPISODES_FILE if args.output_dir is not None else None)
     except ValueError as exc:
         parser.error(str(exc))
+    not_played = [f"{agent.name} on {dataset.name} ({reason})" for agent, dataset, reason in plan.not_played()]
+    for line in not_played:
+        print(f"not played: {line}", file=sys.stderr)
     if len(log):
         torn = ", its torn last line dropped" if log.dropped_torn_line else ""
         print(f"resuming {log.path}: {len(log)} episodes kept{torn}", file=sys.stderr)
@@ -268,8 +271,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if rows:
             print_table(rows, _data_line(dataset, retrieval, args))
     print_legend(table)
+    for line in not_played:
+        print(f"note: not played: {line}")
     if args.output_dir is not None:
-        (args.output_dir / RESULT_FILES["markdown"]).write_text(to_markdown(table), encoding="utf-8")
+        (args.output_dir / RESULT_FILES["markdown"]).write_text(to_markdown(table, not_played=not_played), encoding="utf-8")
         write_csv(table, args.output_dir / RESULT_FILES["csv"])
         write_chart(table, args.output_dir / RESULT_FILES["chart"])
         print(f"wrote {', '.join(RESULT_FILES.values())} and {EPISODES_FILE} in {args.output_dir}")
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.results_md is not None:
         data_lines = "\n".join(f"- {dataset.name}: {_data_line(dataset, retrieval, args)}" for dataset in datasets)
         replace_generated_section(args.results_md, RESULTS_SECTION,
-                                  f"## Evaluation harness\n\n{data_lines}\n\n{to_markdown(table)}",
+                                  f"## Evaluation harness\n\n{data_lines}\n\n{to_markdown(table, not_played=not_played)}",
                                   command=command_line("python -m benchmarks.evaluate", argv))
         print(f"wrote the section {RESULTS_SECTION!r} of {args.results_md}")
     return table

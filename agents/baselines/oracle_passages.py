@@ -33,6 +33,14 @@ class OraclePassages:
         completion = yield answer_ask(example.question, passages=passages)
         yield write_answer(writer, "I read the gold passages.", short_answer(completion))
 
+    def unable(self, example: QAExample) -> str | None:
+        """Why this baseline cannot play ``example`` (it has no gold passages), or None when it can."""
+        try:
+            gold_passages(example)
+        except NoGoldPassages as exc:
+            return str(exc)
+        return None
+
 
 def gold_passages(example: QAExample) -> list[Passage]:
     """The question's gold passages (see the module docstring).

@@ -51,7 +51,11 @@ Episode = Generator[Ask | Write, str, None]
 
 
 class Baseline(TypingProtocol):
-    """A baseline: ``play`` scripts one episode. Only an oracle may read past ``example.question``."""
+    """A baseline: ``play`` scripts one episode. Only an oracle may read past ``example.question``.
+
+    A baseline that cannot play some questions (the gold-passage oracle on a dataset without gold
+    passages) also has ``unable(example) -> str | None``: the reason, or None when it can play it.
+    """
 
     name: str
 

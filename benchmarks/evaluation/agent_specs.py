@@ -32,12 +32,13 @@ import importlib
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from agents.baselines import BASELINES, Baseline, BaselineAgent, NoGoldPassages, RolloutTextGenerator, TextGenerator
-from agents.rollout.agent import Chunk, RolloutAgent
+from agents.baselines import BASELINES, BaselineAgent, RolloutTextGenerator
+from agents.rollout.agent import RolloutAgent
 from agents.scripted import NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedRolloutAgent
+from search_env.data.example import QAExample
 
 from benchmarks.evaluation import HarnessError
 
@@ -99,6 +100,8 @@ class EvalAgent:
         seeded: whether its episodes depend on the seed (then ``--sampled K`` plays K seeds).
         decoding: how it decodes, for the table.
         release: frees what loading it took (a model's memory); called once its cells are done.
+        unable: why it cannot play a question (None: it can), e.g. the gold-passage oracle on a dataset
+            without gold passages; a dataset with such a question is not played by it at all.
     """
 
     name: str
@@ -106,6 +109,7 @@ class EvalAgent:
     seeded: bool
     decoding: str
     release: Callable[[], None] = lambda: None
+    unable: Callable[[QAExample], "str | None"] = lambda example: None
 
 
 #: Loads an agent (a model, a client) with the run's options; the spec was checked already.
@@ -301,20 +305,9 @@ def _load_baseline(name: str, baseline: str, llm: EvalAgent) -> EvalAgent:
     """The baseline ``baseline`` played by the LLM ``llm`` (its engine, decoding and seeds)."""
 
     def build(seed: int) -> RolloutAgent:
-        return _HarnessBaselineAgent(name, BASELINES[baseline](), RolloutTextGenerator(llm.build(seed)))
+        return BaselineAgent(BASELINES[baseline](), RolloutTextGenerator(llm.build(seed)))
 
-    return EvalAgent(name, build, seeded=llm.seeded, decoding=llm.decoding, release=llm.release)
+    unable = getattr(BASELINES[baseline](), "unable", None)
+    return EvalAgent(name, build, seeded=llm.seeded, decoding=llm.decoding, release=llm.release,
+                     **({"unable": unable} if unable is not None else {}))
 
-
-class _HarnessBaselineAgent(BaselineAgent):
-    """A baseline agent whose questions lacking gold passages stop the run in one line."""
-
-    def __init__(self, name: str, baseline: Baseline, llm: TextGenerator) -> None:
-        super().__init__(baseline, llm)
-        self.name = name
-
-    def generate(self, rows: Sequence[int], budgets: Sequence[int]) -> list[Chunk]:
-        try:
-            return super().generate(rows, budgets)
-        except NoGoldPassages as exc:
-            raise HarnessError(f"agent {self.name!r}: {exc}") from None

@@ -97,8 +97,9 @@ def _setting(rows: Sequence[Mapping[str, Any]], key: str) -> str:
     return "; ".join(f"{value} ({', '.join(owners)})" for value, owners in groups.items())
 
 
-def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation") -> str:
-    """The settings as a header block, the table (one row per dataset x protocol x agent) and the notes."""
+def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation", not_played: Sequence[str] = ()) -> str:
+    """The settings as a header block, the table (one row per dataset x protocol x agent) and the notes,
+    with ``not_played``: the agents left out of a dataset, each with why."""
     lines = [f"# {title}", "", "| setting | value |", "| --- | --- |"]
     for key, _ in SETTINGS:
         lines.append(f"| {_SETTING_NAMES.get(key, key)} | {_setting(rows, key)} |")
@@ -113,7 +114,7 @@ def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation") ->
         cells = [r["dataset"], r["protocol"], r["agent"], str(r["questions"]), str(r["seeds"])]
         cells += [_number(r.get(key), decimals) for key, _, decimals in columns] + [_range_text(r.get("reward_range"))]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = _notes(rows)
+    notes = _notes(rows) + [f"not played: {line}" for line in not_played]
     if notes:
         lines += [""] + [f"- {line}" for line in notes]
     return "\n".join(lines) + "\n"

@@ -102,9 +102,22 @@ class Plan:
         return [self.seed + i for i in range(self.samples)] if agent.seeded and self.samples else [self.seed]
 
     def cells(self) -> list[Cell]:
-        """Every cell, agent-major (an agent is loaded once for all its cells)."""
+        """Every cell that is played, agent-major (an agent is loaded once for all its cells)."""
+        skipped = {(agent.name, dataset.name) for agent, dataset, _ in self.not_played()}
         return [Cell(dataset, protocol, agent, seed) for agent in self.agents for dataset in self.datasets
-                for protocol in self.protocols for seed in self.seeds(agent)]
+                if (agent.name, dataset.name) not in skipped for protocol in self.protocols for seed in self.seeds(agent)]
+
+    def not_played(self) -> list[tuple[EvalAgent, Dataset, str]]:
+        """The agents that cannot play some question of a dataset (:attr:`EvalAgent.unable`), with the
+        dataset and the first such question's reason: they do not play that dataset at all, so that every
+        row of a dataset is over the same questions."""
+        skipped = []
+        for agent in self.agents:
+            for dataset in self.datasets:
+                reason = next((r for r in map(agent.unable, dataset.examples) if r is not None), None)
+                if reason is not None:
+                    skipped.append((agent, dataset, reason))
+        return skipped
 
 
 def run(plan: Plan, retrieval: Retrieval, log: EpisodeLog) -> int:

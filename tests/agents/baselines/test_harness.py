@@ -142,13 +142,19 @@ def test_a_baseline_over_an_endpoint_asks_it_the_baselines_prompts(
     assert "Passages:\nDoc 1(Title: Zarbo) Zarbo is a company founded by Bob Smith." in prompt  # the environment's results
 
 
-def test_oracle_passages_on_questions_without_gold_passages_stops_in_one_line(
-        endpoint: tuple[type[_Completions], str], real_format: tuple[Path, Path]) -> None:
-    _, url = endpoint
+def test_oracle_passages_is_not_played_on_a_dataset_without_gold_passages_and_the_report_says_why(
+        endpoint: tuple[type[_Completions], str], real_format: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    handler, url = endpoint
     questions, corpus = real_format
-    with pytest.raises(SystemExit, match=r"^error: agent 'oracle-passages:endpoint:.*': example 'q1' has no gold passages"):
-        main(["--dataset", str(questions), "--corpus", str(corpus), "--protocols", "search-r1",
-              "--agents", f"oracle-passages:endpoint:{url}#m"])
+    oracle, rag = f"oracle-passages:endpoint:{url}#m", f"naive-rag:endpoint:{url}#m"
+    table = main(["--dataset", str(questions), "--corpus", str(corpus), "--protocols", "search-r1",
+                  "--agents", oracle, rag, "--output-dir", str(tmp_path)])
+    assert [row["agent"] for row in table] == [rag]  # the other agent's row is played and kept
+    assert len(handler.requests) == 2  # the oracle asked nothing
+    reason = f"not played: {oracle} on {table[0]['dataset']} (example 'q1' has no gold passages"
+    assert reason in (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert reason in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
