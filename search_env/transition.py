@@ -74,8 +74,7 @@ class Transition:
         self.max_result_tokens = max_result_tokens
         # The tags the transition looks for in the episode's bytes, encoded once.
         self._call_open, self._answer_open = protocol.call_open.encode(), protocol.answer_open.encode()
-        self._answer_close = protocol.answer_close.encode()
-        self._answer_close_ascii = len(self._answer_close) == len(protocol.answer_close)
+        self._answer_close, self._call_close = protocol.answer_close.encode(), protocol.call_close.encode()
 
     def advance(self, ep: EpisodeBuffer, ids: Sequence[int], i: int = 0) -> tuple[int, Call | None]:
         """Take ``ids`` from ``i`` on until they run out, the episode ends or a search call closes. Returns
@@ -152,12 +151,11 @@ class Transition:
             ep.counters["invalid_calls"] += 1
             self._insert(ep, p.invalid_action_text or p.error_text(f"{p.answer_close} without {p.answer_open}"), "error", "invalid_answer")
             return
-        # The span of add_span("answer", opened, at + len(p.answer_close)), whose last token is ``last`` when
-        # the tag's text is as long as its bytes (the offsets add the text's length, so a non-ASCII tag looks up its own).
-        end = last + 1 if self._answer_close_ascii else bisect_left(ep.ends, at + len(p.answer_close)) + 1
-        ep.trajectory.spans.append(Span("answer", bisect_right(ep.ends, opened), end))
+        # Offsets are bytes of the record (a tag's length is its encoded length, not its characters'): the
+        # span is add_span("answer", opened, at + len(self._answer_close)), whose last token is ``last``.
+        ep.trajectory.spans.append(Span("answer", bisect_right(ep.ends, opened), last + 1))
         if ep.answer_at is None:  # the first answer of the episode is the one recorded
-            ep.answer_at = (opened + len(p.answer_open), at)
+            ep.answer_at = (opened + len(self._answer_open), at)
         if p.answer_ends_episode:
             ep.end("answer", truncated=False)
         else:
@@ -175,8 +173,8 @@ class Transition:
             ep.counters["invalid_calls"] += 1
             self._insert(ep, p.invalid_action_text or p.error_text(f"{p.call_close} without {p.call_open}"), "error", "invalid_call")
             return
-        ep.add_span("call", opened, at + len(p.call_close))
-        content = ep.decode(opened + len(p.call_open), at)
+        ep.add_span("call", opened, at + len(self._call_close))
+        content = ep.decode(opened + len(self._call_open), at)
         if self.max_turns is not None and ep.n_searches >= self.max_turns:
             ep.counters["budget_exhausted_calls"] += 1
             self._insert(ep, p.error_text(f"Search budget of {self.max_turns} calls is used up; give the final answer."), "error", "search_budget")

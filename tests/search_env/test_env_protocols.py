@@ -128,6 +128,26 @@ def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_toke
         register_protocol(custom)
 
 
+def test_non_ascii_tags_delimit_the_query_and_the_answer_by_their_bytes(split_tag_tokenizer):
+    # The record's offsets are bytes: a tag of multi-byte characters must be skipped by its encoded length.
+    tags = Protocol(
+        name="guillemet-tags", call_open="«search»", call_close="«/search»", result_open="«result»",
+        result_close="«/result»", answer_open="«答え»", answer_close="«/答え»", user_template="Q: {question}\n",
+        top_k=1, reward="search-r1",
+    )
+    source = CountingSource()
+    env = SearchQAEnv(tags, dataset=[EXAMPLE], sources=source, tokenizer=split_tag_tokenizer)
+    env.reset(seed=0)
+    env.step(env.codec.encode("«search»zarbo founder«/search»"))
+    assert source.calls == [["zarbo founder"]]
+    call = next(s for s in env.trajectory.spans if s.kind == "call")
+    assert env.codec.decode(env.trajectory.token_ids[call.start : call.end]) == "«search»zarbo founder«/search»"
+    *_, info = env.step(env.codec.encode("«答え»Bob Smith«/答え»"))
+    assert info["answer"] == env.trajectory.answer == "Bob Smith"
+    answer = next(s for s in env.trajectory.spans if s.kind == "answer")
+    assert env.codec.decode(env.trajectory.token_ids[answer.start : answer.end]) == "«答え»Bob Smith«/答え»"
+
+
 def test_chat_template_renders_the_prompt_when_the_tokenizer_has_one(tmp_path):
     skip_without("agents", "transformers")
     import transformers
