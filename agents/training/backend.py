@@ -112,6 +112,10 @@ class TrainingBackend(ABC):
         """Rank 0's ``obj`` on every rank (itself on one process)."""
         return obj
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (``[obj]`` on one process)."""
+        return [obj]
+
     @contextmanager
     def generation(self) -> Iterator[None]:
         """Within the block the policy's weights are whole for decoding with ``backend.policy`` (a sharded

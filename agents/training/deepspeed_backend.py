@@ -363,6 +363,11 @@ class DeepSpeedBackend(TrainingBackend):
         self._dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        box: list[Any] = [None] * self._world
+        self._dist.all_gather_object(box, obj)
+        return box
+
     def reduce_counts(self, counts: BatchCounts) -> BatchCounts:
         from agents.learners import BatchCounts
 

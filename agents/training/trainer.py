@@ -61,6 +61,7 @@ from agents.training.data import QuestionOrder
 from agents.training.evaluation import EvalResult, evaluate, questions_by_hops, reward_component_means, summarize
 from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
 from agents.training.loggers import loggers_for
+from agents.training.rank_metrics import all_rank_metrics
 from agents.training.result import TrainResult
 from agents.training.resume import resume_run, run_state, start_run
 from agents.training.run_checks import prepare_output
@@ -288,7 +289,7 @@ class Trainer:
             "time/step": now - started,
         }
         if self.backend.world_size > 1:
-            metrics = self._all_rank_metrics(metrics, update_keys)
+            metrics = all_rank_metrics(self.backend, metrics, update_keys)
         self.step += 1
         self._call("on_update", metrics)
         return metrics
@@ -299,21 +300,6 @@ class Trainer:
         rank's mini-batches hold its share of them."""
         optim, world = self.config.optim, self.backend.world_size
         return optim if world == 1 else dataclasses.replace(optim, mini_batch_size=optim.mini_batch_size // world)
-
-    def _all_rank_metrics(self, metrics: dict[str, float], update_keys: set[str]) -> dict[str, float]:
-        """A step's metrics over every rank's share (rank 0's keys): the update's statistics, additive shares
-        of the global batch's, and the counts (rows, tokens/s) are summed; the optimiser's (gradient norm,
-        updates, rate) are the same on every rank; the rest are means of per-rank means, exact for the
-        episode means (every rank plays as many episodes)."""
-        keys = self.backend.broadcast_object(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
-        same = {"lr", "grad_norm", "updates/applied", "updates/skipped", "rollout_rounds"}
-        summed = (update_keys - same) | {"rows", "tokens_per_s"}
-        total = self.backend.all_reduce_sum(torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64))
-        out = dict(metrics)
-        for key, value in zip(keys, total.tolist()):
-            if key not in same:
-                out[key] = value if key in summed else value / self.backend.world_size
-        return out
 
     def _call(self, hook: str, *args: Any) -> None:
         for callback in self.callbacks:
