@@ -14,7 +14,8 @@ Agents (--agents, several side by side):
                                             class or factory (begin, generate, feed, finish)
   BASELINE:LLM                              an LLM baseline of the papers' tables (agents.baselines):
                                             direct, cot, naive-rag, ircot, oracle-passages (reads the gold
-                                            passages: an upper bound) or protocol (the protocol's own
+                                            passages: an upper bound; not played on a dataset without
+                                            them, the report says so) or protocol (the protocol's own
                                             prompt), over LLM = smollm2, tiny, a folder, hf:MODEL or
                                             endpoint:URL#MODEL; e.g. ircot:smollm2
 Datasets (--dataset, several): synthetic; nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle (the
