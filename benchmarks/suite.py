@@ -17,7 +17,8 @@ The benchmarks, in order (``--only`` picks some):
 - ``rollout_overhead``: where the demo's rollout time goes;
 - ``grpo_step_vs_trl``: one GRPO step against TRL's ``GRPOTrainer``;
 - ``data_parallel``: one update on one process against 2-rank ZeRO-2 and ZeRO-3;
-- ``rollout_throughput``: the HF sampler and the vLLM engine side by side.
+- ``rollout_throughput``: the HF sampler and the vLLM engine side by side, in a child process of the vLLM
+  virtualenv's Python when this Python lacks vLLM and ``bash .ci/vllm_venv.sh`` has built it (the suite never builds it).
 
 Each benchmark's own functions are called (its numbers, not its printed table), at the suite's settings. A
 benchmark whose peer or extra is not installed, or that ``--quick`` leaves out as too heavy, is listed as
@@ -50,6 +51,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -335,14 +337,19 @@ def data_parallel(options: Options, section: Section) -> None:
 def rollout_throughput(options: Options, section: Section) -> None:
     if options.quick:
         raise Skipped("quick mode: it starts a vLLM engine and rolls out batches of 8 and 64 episodes (minutes)")
-    if importlib.util.find_spec("vllm") is None:
-        raise Skipped("vLLM is not installed in this Python (it has a virtualenv of its own: bash .ci/vllm_venv.sh; run the "
-                      "suite with that Python)")
-    from benchmarks import rollout_throughput as bench
-
     argv = ["--model", "scripted", "--batch-sizes", "8", "64", "--repeats", "3"]
     section.settings = {"model": "scripted", "batch sizes": "8, 64", "repeats": 3}
-    result = bench.main(argv)
+    if importlib.util.find_spec("vllm") is not None:
+        from benchmarks import rollout_throughput as bench
+
+        result = bench.main(argv)
+    else:  # vLLM lives in a virtualenv of its own: the benchmark runs there, in a child process
+        python = vllm_venv_python()
+        if python is None:
+            raise Skipped("vLLM is not installed in this Python, and its virtualenv is not built (bash .ci/vllm_venv.sh "
+                          "builds it; the suite never does)")
+        result = _in_child(python, "benchmarks.rollout_throughput", argv)
+        section.notes.append(f"run by the vLLM virtualenv's Python, {python}")
     rates = {(row["engine"], row["batch"]): Measure(f"{row['engine']}, batch {row['batch']}: agent tokens/s", "tokens/s",
                                                    [row["tokens_per_s"]], False) for row in result["rows"]}
     section.measures = list(rates.values())
@@ -351,6 +358,28 @@ def rollout_throughput(options: Options, section: Section) -> None:
             ratio = rates[("vllm", batch)].median / rates[("hf", batch)].median
             section.notes.append(f"batch {batch}: vLLM {ratio:.2f}x the HF sampler's agent tokens/s")
     section.notes.append("rollout_throughput returns the median of its repeats per engine and batch size, one value each")
+
+
+def vllm_venv_python() -> str | None:
+    """The Python of the vLLM virtualenv ``.ci/vllm_venv.sh`` builds (at ``$SEARCHQA_VLLM_VENV``, else its
+    default place), or None when none is built there."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    python = Path(os.environ.get("SEARCHQA_VLLM_VENV", cache / "searchqa-gym" / "vllm-venv")) / "bin" / "python"
+    return str(python) if python.is_file() else None
+
+
+def _in_child(python: str, module: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Run ``python -m module argv`` from the repository (its log lines pass through to stderr) and return
+    the JSON object it prints last on stdout."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([python, "-m", module, *argv], cwd=repo, env=env, stdout=subprocess.PIPE, text=True, timeout=3600)
+    if run.returncode != 0:
+        raise RuntimeError(f"{module} in {python} exited with status {run.returncode}")
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{module} in {python} printed no JSON result")
+    return json.loads(lines[-1])
 
 
 #: name -> (what it measures, the function filling its section), in the report's order.

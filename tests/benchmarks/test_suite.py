@@ -188,3 +188,37 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         suite.main(["--help"])
     assert exit_info.value.code == 0 and " ".join(capsys.readouterr().out.split()).count("(default: ") >= 4
+
+
+def _options(tmp_path: Path) -> suite.Options:
+    return suite.Options(False, tmp_path / "corpus.jsonl", tmp_path / "questions.jsonl", tmp_path / "index", tmp_path / "cache")
+
+
+def test_rollout_throughput_runs_in_the_vllm_virtualenv_when_this_python_lacks_vllm(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in for the virtualenv's interpreter: it records its arguments and prints what the benchmark
+    # prints (log lines, a table, then its JSON result).
+    python = tmp_path / "vllm-venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    result = {"rows": [{"engine": "hf", "batch": 8, "tokens_per_s": 100.0}, {"engine": "vllm", "batch": 8, "tokens_per_s": 250.0}]}
+    python.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args'}\necho 'starting the engine' >&2\necho 'engine batch'\n"
+                      f"echo '{json.dumps(result)}'\n", encoding="utf-8")
+    python.chmod(0o755)
+    monkeypatch.setenv("SEARCHQA_VLLM_VENV", str(python.parent.parent))
+    monkeypatch.setattr(suite.importlib.util, "find_spec", lambda name, *args: None)  # no vLLM in this Python
+    section = suite.run_section("rollout_throughput", _options(tmp_path))
+    assert section.status == "ok", section.reason
+    assert (tmp_path / "args").read_text().split() == ["-m", "benchmarks.rollout_throughput", "--model", "scripted",
+                                                       "--batch-sizes", "8", "64", "--repeats", "3"]
+    assert [(m.name, m.median) for m in section.measures] == [("hf, batch 8: agent tokens/s", 100.0),
+                                                              ("vllm, batch 8: agent tokens/s", 250.0)]
+    assert f"run by the vLLM virtualenv's Python, {python}" in section.notes
+    assert "batch 8: vLLM 2.50x the HF sampler's agent tokens/s" in section.notes
+
+
+def test_rollout_throughput_without_vllm_or_its_virtualenv_is_skipped_saying_how_to_build_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEARCHQA_VLLM_VENV", str(tmp_path / "none"))
+    monkeypatch.setattr(suite.importlib.util, "find_spec", lambda name, *args: None)
+    section = suite.run_section("rollout_throughput", _options(tmp_path))
+    assert section.status == "skipped" and "bash .ci/vllm_venv.sh builds it" in section.reason
