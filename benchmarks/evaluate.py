@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.results_md is not None:
         data_lines = "\n".join(f"- {dataset.name}: {_data_line(dataset, retrieval, args)}" for dataset in datasets)
         replace_generated_section(args.results_md, RESULTS_SECTION,
-                                  f"## Evaluation harness\n\n{data_lines}\n\n{to_markdown(table, not_played=not_played)}",
+                                  f"## Evaluation harness\n\n{data_lines}\n\n"
+                                  f"{to_markdown(table, 'Settings and results', not_played=not_played, level=3)}",
                                   command=command_line("python -m benchmarks.evaluate", argv))
         print(f"wrote the section {RESULTS_SECTION!r} of {args.results_md}")
     return table

@@ -97,10 +97,12 @@ def _setting(rows: Sequence[Mapping[str, Any]], key: str) -> str:
     return "; ".join(f"{value} ({', '.join(owners)})" for value, owners in groups.items())
 
 
-def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation", not_played: Sequence[str] = ()) -> str:
+def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation", not_played: Sequence[str] = (), *,
+                level: int = 1) -> str:
     """The settings as a header block, the table (one row per dataset x protocol x agent) and the notes,
-    with ``not_played``: the agents left out of a dataset, each with why."""
-    lines = [f"# {title}", "", "| setting | value |", "| --- | --- |"]
+    with ``not_played``: the agents left out of a dataset, each with why. ``title`` is a heading of
+    ``level`` (2 or more inside a larger document)."""
+    lines = [f"{'#' * level} {title}", "", "| setting | value |", "| --- | --- |"]
     for key, _ in SETTINGS:
         lines.append(f"| {_SETTING_NAMES.get(key, key)} | {_setting(rows, key)} |")
     lines.append("| metrics | EM, F1, cover-EM (a gold is a substring of the answer): the extracted answer against every gold "

@@ -89,6 +89,7 @@ def test_results_md_gets_the_table_in_its_generated_section_and_keeps_the_rest(t
     assert text.startswith("# Results\n\nHand-written history.\n")
     section = text[text.index("<!-- generated section evaluation: begin"):]
     assert "## Evaluation harness" in section and "| synthetic | search-r1 | oracle | 2 | 1 | 1.000 |" in section
+    assert not [line for line in section.splitlines() if line.startswith("# ")]  # a section of the file, not a title
     assert "- synthetic: 2 episodes each, synthetic world seed" in section and "--results-md" in section
     main([*argv, "--episodes", "3"])  # a second run replaces the section
     again = history.read_text(encoding="utf-8")
