@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -45,6 +44,7 @@ import gymnasium as gym
 
 import search_env  # noqa: F401  (registers SearchQA-v0)
 from benchmarks.machine import machine_info, machine_line
+from benchmarks.peer_venvs import venv_dir
 from search_env.console import HelpFormatter
 from search_env.data.example import QAExample
 
@@ -149,8 +149,7 @@ def gem_venv_python(mode: str) -> tuple[str | None, str]:
             return None, f"building GEM's virtualenv failed: {last}"
         venv = Path(run.stdout.strip().splitlines()[-1])
     else:
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        venv = Path(os.environ.get("SEARCHQA_GEM_VENV", cache / "searchqa-gym" / "gem-venv"))
+        venv = venv_dir("SEARCHQA_GEM_VENV", "gem-venv")
     python = venv / "bin" / "python"
     if not python.is_file():
         return None, f"GEM's virtualenv is not built at {venv} (bash .ci/gem_venv.sh builds it)"

@@ -60,6 +60,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from benchmarks.peer_venvs import venv_dir
 from benchmarks.perf_report import Comparison, Measure, Section, format_markdown, report_dict
 from benchmarks.report_files import command_line, replace_generated_section, write_csv
 from search_env.console import HelpFormatter
@@ -363,8 +364,7 @@ def rollout_throughput(options: Options, section: Section) -> None:
 def vllm_venv_python() -> str | None:
     """The Python of the vLLM virtualenv ``.ci/vllm_venv.sh`` builds (at ``$SEARCHQA_VLLM_VENV``, else its
     default place), or None when none is built there."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    python = Path(os.environ.get("SEARCHQA_VLLM_VENV", cache / "searchqa-gym" / "vllm-venv")) / "bin" / "python"
+    python = venv_dir("SEARCHQA_VLLM_VENV", "vllm-venv") / "bin" / "python"
     return str(python) if python.is_file() else None
 
 

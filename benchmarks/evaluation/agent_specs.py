@@ -90,6 +90,11 @@ class AgentOptions:
     timeout_s: float = 120.0
 
 
+def _plays_every_question(example: QAExample) -> str | None:
+    """The ``unable`` of an agent that can play any question."""
+    return None
+
+
 @dataclass
 class EvalAgent:
     """An agent as the harness plays it.
@@ -109,7 +114,7 @@ class EvalAgent:
     seeded: bool
     decoding: str
     release: Callable[[], None] = lambda: None
-    unable: Callable[[QAExample], "str | None"] = lambda example: None
+    unable: Callable[[QAExample], "str | None"] = _plays_every_question
 
 
 #: Loads an agent (a model, a client) with the run's options; the spec was checked already.
@@ -307,7 +312,6 @@ def _load_baseline(name: str, baseline: str, llm: EvalAgent) -> EvalAgent:
     def build(seed: int) -> RolloutAgent:
         return BaselineAgent(BASELINES[baseline](), RolloutTextGenerator(llm.build(seed)))
 
-    unable = getattr(BASELINES[baseline](), "unable", None)
     return EvalAgent(name, build, seeded=llm.seeded, decoding=llm.decoding, release=llm.release,
-                     **({"unable": unable} if unable is not None else {}))
+                     unable=getattr(BASELINES[baseline](), "unable", _plays_every_question))
 

@@ -20,11 +20,12 @@ __all__ = ["import_bm25s"]
 def import_bm25s() -> ModuleType:
     """The ``bm25s`` module (its ``tokenization`` submodule loaded), imported with JAX hidden unless
     the process has imported JAX or ``bm25s`` already."""
-    if "bm25s" not in sys.modules and "jax" not in sys.modules:
+    hide = "bm25s" not in sys.modules and "jax" not in sys.modules
+    if hide:
         sys.modules["jax"] = None  # type: ignore[assignment]  # "import jax..." raises ImportError meanwhile
-        try:
-            importlib.import_module("bm25s.tokenization")
-        finally:
+    try:
+        importlib.import_module("bm25s.tokenization")
+    finally:
+        if hide:
             del sys.modules["jax"]
-    importlib.import_module("bm25s.tokenization")
-    return importlib.import_module("bm25s")
+    return sys.modules["bm25s"]
