@@ -9,8 +9,6 @@ critic's engine included. Bad setups are one line."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,30 +23,12 @@ import torch  # noqa: E402
 
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.deepspeed_backend import check_world, deepspeed_config  # noqa: E402
+from tests.agents.training.torchrun import ROOT, rank_env, torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[3]
 #: Parameters of the two runs agree within this (float32 sums taken in another order; Adam steps of 1e-3).
 ATOL = 1e-5
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SEARCHQA_PROGRESS": "0"}
-
-
-def torchrun(ranks: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-               "--master_addr", "127.0.0.1", "--master_port", str(_port()), *args]
-    done = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return done
 
 
 def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2, critic: str = "head", *flags: str) -> dict:
@@ -56,7 +36,7 @@ def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2, critic: str 
     args = ["-m", "tests.agents.training.ds_equivalence", "--algo", algo, "--backend", backend, "--zero", str(zero),
             "--critic", critic, "--out", str(out), *flags]
     if backend == "torch":
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]
     else:
         torchrun(2, *args)
@@ -220,7 +200,7 @@ def test_deepspeeds_own_log_lines_stay_off_stdout():
             "get_accelerator()\n"
             "deepspeed.utils.logger.warning('a warning of deepspeed')\n"
             "print('ours')\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "ours\n"
     assert "a warning of deepspeed" in done.stderr

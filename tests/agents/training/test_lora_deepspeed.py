@@ -19,7 +19,8 @@ import torch  # noqa: E402
 
 from agents.policies.config import ModelConfig  # noqa: E402
 from agents.policies.loading import load_policy  # noqa: E402
-from tests.agents.training.test_deepspeed_backend import ATOL, ROOT, _env, torchrun  # noqa: E402
+from tests.agents.training.test_deepspeed_backend import ATOL  # noqa: E402
+from tests.agents.training.torchrun import ROOT, rank_env, torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
@@ -32,7 +33,7 @@ def _lora_update(tmp_path: Path, backend: str, zero: int) -> dict:
     args = ["-m", "tests.agents.training.ds_equivalence", "--algo", "grpo", "--backend", backend, "--zero", str(zero),
             "--lora-rank", "4", "--out", str(out)]
     if backend == "torch":
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]
     else:
         torchrun(2, *args)

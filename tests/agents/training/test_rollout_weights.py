@@ -5,10 +5,6 @@ reads them within ``generation()`` (where they are whole, as the trainer's evalu
 gives its frozen base under the plain model's names, and its adapters alone under peft's."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +15,7 @@ skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
 from tests.agents.training.ds_rollout_weights import tiny_policy  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.agents.training.torchrun import torchrun  # noqa: E402
 
 
 def assert_same(read: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -64,19 +59,9 @@ def test_a_lora_policy_gives_its_base_by_the_plain_names_and_its_adapters_by_pef
     assert_same(dict(backend.rollout_weights(adapters=True)), adapters)
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def read_on_two_ranks(tmp_path: Path, zero: int, lora_rank: int = 0) -> list[dict]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_port()), "-m", "tests.agents.training.ds_rollout_weights", "--backend", "deepspeed",
-               "--zero", str(zero), "--lora-rank", str(lora_rank), "--out", str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SEARCHQA_PROGRESS": "0"}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    torchrun(2, "-m", "tests.agents.training.ds_rollout_weights", "--backend", "deepspeed", "--zero", str(zero),
+             "--lora-rank", str(lora_rank), "--out", str(tmp_path))
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
 
 
