@@ -279,6 +279,9 @@ class WarmStartConfig:
             with the bridge entity: a systematic mistake for RL to correct).
         save_every: write a run checkpoint every this many warm-start steps (0: only before and after
             the warm start), so that a run stopped during a long warm start goes on from there.
+        num_threads: torch's CPU threads during the warm start (default: ``run.num_threads``). No
+            rollout runs then, so on a CPU the warm start can use the cores that RL shares with the
+            environment worker (``rollout.env_worker``).
     """
 
     steps: int = 0
@@ -288,10 +291,11 @@ class WarmStartConfig:
     learning_rate: float = 1e-3
     second_hop_rate: float = 1.0
     save_every: int = 500
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         _positive("warm_start", self, "steps", "copy_steps", "save_every", zero_ok=True)
-        _positive("warm_start", self, "examples", "batch_size")
+        _positive("warm_start", self, "examples", "batch_size", "num_threads")
         _finite("warm_start", self, "learning_rate")
         if not self.learning_rate > 0:
             raise ValueError(f"warm_start.learning_rate must be > 0, got {self.learning_rate}")

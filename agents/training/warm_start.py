@@ -131,7 +131,8 @@ def warm_start(
     (seeded reshuffles, epoch by epoch), ordered by length and split into micro-batches of
     ``optim.micro_batch_size`` rows, each trimmed to its longest row (the same gradient with less
     padding); the learning rate ``warm_start.learning_rate`` warms up over the first steps and decays on a
-    cosine. Shows a progress bar as ``run.progress`` says.
+    cosine. Shows a progress bar as ``run.progress`` says. Runs on ``warm_start.num_threads`` torch threads
+    when set (the process's count is restored after).
 
     ``save``, when given, is called every ``warm_start.save_every`` steps (not after the last one) with
     the warm start's :class:`WarmStartProgress`, to write a checkpoint; ``progress`` (one such, restored
@@ -140,6 +141,18 @@ def warm_start(
     options = config.warm_start
     if options.steps < 1:
         raise ValueError(f"warm_start.steps must be >= 1 for a warm start, got {options.steps}")
+    threads = torch.get_num_threads()
+    if options.num_threads is not None:
+        torch.set_num_threads(options.num_threads)
+    try:
+        return _warm_start(backend, config, env, examples, progress, save)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, examples: Sequence[QAExample] | None,
+                progress: WarmStartProgress | None, save: Callable[[WarmStartProgress], None] | None) -> SFTResult:
+    options = config.warm_start
     policy, seed = backend.policy, config.run.seed
     single = env.make_env() if isinstance(env, BatchEnv) else env
     demos = make_demonstrations(

@@ -102,6 +102,20 @@ def test_micro_batches_give_the_full_batch_step(env):
         assert torch.allclose(p, q, atol=1e-6)
 
 
+def test_warm_start_runs_on_its_own_thread_count_then_restores_the_process_s(env, monkeypatch):
+    seen = []
+    config = _config(**{"warm_start.steps": 2, "warm_start.examples": 4, "warm_start.batch_size": 2,
+                        "warm_start.num_threads": 2})
+    backend = TorchBackend(_policy(env), config)
+    step = backend.step
+    monkeypatch.setattr(backend, "step", lambda: (seen.append(torch.get_num_threads()), step())[1])
+    assert torch.get_num_threads() == 1  # the suite's
+    warm_start(backend, config, env)
+    assert seen == [2, 2] and torch.get_num_threads() == 1
+    with pytest.raises(ValueError, match=r"^warm_start.num_threads must be >= 1, got 0$"):
+        _config(**{"warm_start.num_threads": 0})
+
+
 def test_bad_input(env):
     with pytest.raises(ValueError, match=r"^warm_start.steps must be >= 1 for a warm start, got 0$"):
         _warm_start(_policy(env), _config(), env)
