@@ -77,8 +77,8 @@ PAPERS = {
 
 # The embedded demo (the README's main command), as benchmarks/learning.py's demo_config() set it.
 DEMO = {
-    "algo": "grpo", "model.name": "tiny", "model.tiny_layers": 2, "model.tiny_hidden": 64, "model.tiny_heads": 2,
-    "model.tiny_head_dim": 64, "env.protocol": "search-r1-compact", "data.dataset": "synthetic", "data.world_seed": 10,
+    "algo": "grpo", "model.name": "tiny", "model.tiny_layers": 2, "model.tiny_hidden": 96, "model.tiny_heads": 4,
+    "model.tiny_head_dim": 32, "env.protocol": "search-r1-compact", "data.dataset": "synthetic", "data.world_seed": 10,
     "data.world_size": 60000, "data.world_scale": 500, "data.world_chain_only": True, "data.world_stem_tokens": 2,
     "data.bm25_stemmer": "light", "data.eval_world_seed": 11, "data.eval_new_words": True, "data.world_max_hops": 2,
     "env.max_new_tokens": 96, "env.max_context": 1024, "env.max_turns": 4, "env.top_k": 2,
@@ -86,9 +86,10 @@ DEMO = {
     "algorithm.group_size": 8, "algorithm.kl_coef": 0.0, "algorithm.entropy_coef": 0.0,
     "optim.learning_rate": 1e-4, "optim.micro_batch_size": 8,
     "warm_start.steps": 3000, "warm_start.copy_steps": 300, "warm_start.examples": 60000,
-    "warm_start.learning_rate": 3e-3, "warm_start.second_hop_rate": 0.1, "warm_start.batch_size": 32,
+    "warm_start.learning_rate": 3e-3, "warm_start.second_hop_rate": 0.3, "warm_start.batch_size": 32,
+    "warm_start.num_threads": 2,
     "eval.questions": 100, "eval.every": 10, "eval.by_hops": True,
-    "run.steps": 200, "run.seed": 0, "run.output_dir": "runs/demo", "run.report_to": [], "run.progress": None,
+    "run.steps": 80, "run.seed": 0, "run.output_dir": "runs/demo", "run.report_to": [], "run.progress": None,
     "run.log_entropy": False,
 }
 
