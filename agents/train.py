@@ -188,4 +188,6 @@ def _one_line(message: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agents.training.rank_exit import run_main
+
+    run_main(main)  # under torchrun, a rank leaves without finalisation: see agents.training.rank_exit

@@ -174,4 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agents.training.rank_exit import run_main
+
+    run_main(main)  # a DeepSpeed worker leaves without finalisation: see agents.training.rank_exit

@@ -175,9 +175,10 @@ def _auto_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
 
 def init_distributed(deepspeed: Any, on_gpu: bool) -> None:
     """Join the launcher's process group (torchrun's or DeepSpeed's environment), or start a group of one
-    when the command was run without a launcher; the group joined here is ended when the process exits
-    (a process that exits with its gloo group alive can abort: "terminate called without an active
-    exception")."""
+    when the command was run without a launcher; the group joined here is ended by the process's exit
+    handlers. A command that joins one ends through :func:`agents.training.rank_exit.run_main`, as
+    ``agents.train`` does: ending the group does not stop gloo's threads, which can abort the process
+    as the interpreter is finalised (the module says why)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -77,4 +77,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from agents.training.rank_exit import run_main
+
+    run_main(main)
