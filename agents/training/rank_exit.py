@@ -33,9 +33,9 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
         status: object = main()
     except SystemExit as exc:
         status = exc.code
-    except BaseException:  # what the interpreter would print and exit with, before leaving our way
-        sys.excepthook(*sys.exc_info())
-        status = 130 if isinstance(sys.exc_info()[1], KeyboardInterrupt) else 1
+    except BaseException as exc:  # what the interpreter would print and exit with, before leaving our way
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        status = 130 if isinstance(exc, KeyboardInterrupt) else 1
     exit_process(_exit_code(status))
 
 
