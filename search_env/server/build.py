@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from search_env.files import write_atomically
 from search_env.sources.base import Passage, Source
 
 __all__ = ["RETRIEVERS", "STAMP_FILE", "build_source", "corpus_identity", "synthetic_passages"]
@@ -134,6 +135,6 @@ def _cached(
     directory.mkdir(parents=True, exist_ok=True)
     source.save(directory)  # type: ignore[attr-defined]  (the sources cached this way can save)
     if identity is not None:
-        stamp.write_text(json.dumps(identity, indent=2), encoding="utf-8")
+        write_atomically(stamp, json.dumps(identity, indent=2))  # whole or absent: a torn stamp would fail the next load
     log.info("saved the %s index to %s", sub, directory)
     return source

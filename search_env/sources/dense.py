@@ -27,6 +27,7 @@ import numpy as np
 
 from search_env.console import progress_enabled
 from search_env.data.corpus import load_corpus, passage_from_row
+from search_env.files import write_atomically
 from search_env._optional import requires_extra
 from search_env.progress_lines import progress_meter
 
@@ -314,9 +315,7 @@ class DenseSource(Source):
             manifest = {**json.loads(manifest_path.read_text(encoding="utf-8")), "index": asdict(self.config),
                         "index_seconds": stats.index_seconds}
         faiss.write_index(index, str(self.index_dir / INDEX_FILE))
-        tmp = manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-        tmp.replace(manifest_path)
+        write_atomically(manifest_path, json.dumps(manifest, indent=2))
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages per query by cosine similarity; ``score`` is that similarity."""
