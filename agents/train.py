@@ -5,9 +5,9 @@
         --data.dataset ../shared/data/hotpotqa_train_sample.jsonl --data.corpus ../shared/data/corpus.jsonl
     python -m agents.train --algo ppo --run.steps 200 --eval.every 20 --run.output_dir runs/ppo --run.resume true
 
-Flags follow the config's groups (:mod:`agents.training.config`): ``--GROUP.FIELD VALUE``, and
-``--algo NAME`` picks the algorithm whose own fields are the ``algorithm`` group (``--algo ppo --help``
-lists PPO's). ``--config recipe.yaml`` loads a recipe first; flags after it override it. ``--import
+Flags follow the config's groups (:mod:`agents.training.config`): ``--GROUP.FIELD VALUE``. Three choices
+decide a group's fields: ``--algo NAME`` the ``algorithm`` group (``--algo ppo --help`` lists PPO's),
+``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group. ``--config recipe.yaml`` loads a recipe first; flags after it override it. ``--import
 MODULE`` imports a module before anything is read, so the algorithms, protocols and rewards it registers
 can be named. Parsing is jsonargparse's.
 
@@ -48,7 +48,8 @@ def parse_config(argv: Sequence[str]) -> Any:
     Raises ``ValueError`` (one line) for an unknown algorithm, flag or value, a missing recipe file, or a
     value the recipe leaves to the user (``???``) that is still unset.
     """
-    parser, algo = _parser(argv)
+    parser, choices = _parser(argv)
+    algo = choices["algo"]
     from jsonargparse import ArgumentError as JsonArgumentError
 
     try:
@@ -57,6 +58,11 @@ def parse_config(argv: Sequence[str]) -> Any:
         message = _with_suggestion(_one_line(str(exc)), parser)
         if "'algorithm' does not accept" in message:  # a field of another algorithm's config, from a recipe
             message += f" ({algo}'s config has no such field: python -m agents.train --algo {algo} --help lists them)"
+        for group, flag in (("engine", "rollout.engine"), ("backend", "run.backend")):
+            if f"--{group}." in message or f"'{group}' does not accept" in message:  # a field of another choice's group
+                name = choices[flag]
+                message += (f" (the {group} group holds the fields of {flag} {name!r}: "
+                            f"python -m agents.train --{flag} {name} --help lists them)")
         raise ValueError(message) from None
     values = namespace.clone(with_meta=False).as_dict()
     values = {k: v for k, v in values.items() if k not in ("config", "import_")}
@@ -70,15 +76,17 @@ def parse_config(argv: Sequence[str]) -> Any:
     return TrainConfig.from_dict(values)
 
 
-def _parser(argv: Sequence[str]) -> tuple[Any, str]:
-    """The argument parser for the algorithm ``argv`` chooses, and that algorithm's name."""
+def _parser(argv: Sequence[str]) -> tuple[Any, dict[str, str]]:
+    """The argument parser for the choices ``argv`` makes (algorithm, rollout engine, backend), and those
+    choices by flag (``algo``, ``rollout.engine``, ``run.backend``)."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from agents.learners.registry import ALGORITHMS, lookup_algorithm
-    from agents.training.config import GROUPS
+    from agents.learners.registry import ALGORITHMS
+    from agents.training.config import GROUPS, TrainConfig
 
-    algo = _chosen_algorithm(argv)
-    config_class = lookup_algorithm(algo).config_class
+    choices = _choices(argv)
+    algo = choices["algo"]
+    chosen = TrainConfig(algo).updated({key: value for key, value in choices.items() if key != "algo"}).chosen_groups()
     parser = ArgumentParser(
         prog="python -m agents.train", exit_on_error=False, allow_abbrev=False,
         usage="python -m agents.train [--config RECIPE.yaml] [--algo NAME] [--GROUP.FIELD VALUE ...]",
@@ -91,19 +99,25 @@ def _parser(argv: Sequence[str]) -> tuple[Any, str]:
                         help="import MODULE first (its registered algorithms, protocols and rewards can then be named)")
     for name, group_class in GROUPS.items():
         parser.add_class_arguments(group_class, nested_key=name, as_positional=False)
-    parser.add_class_arguments(config_class, nested_key="algorithm", as_positional=False)
-    return parser, algo
+    for name, (_, group_class) in chosen.items():
+        parser.add_class_arguments(group_class, nested_key=name, as_positional=False)
+    return parser, choices
 
 
-def _chosen_algorithm(argv: Sequence[str]) -> str:
-    """``--algo`` from the command line, else the recipe's ``algo``, else the default; modules named by
-    ``--import`` are imported first. Checked against the registry (one line with the known names)."""
+#: The choices that decide a group's fields: flag -> (the recipe's group, its field) and the default.
+_CHOICES = {"algo": ((None, "algo"), DEFAULT_ALGO), "rollout.engine": (("rollout", "engine"), "hf"),
+            "run.backend": (("run", "backend"), "torch")}
+
+
+def _choices(argv: Sequence[str]) -> dict[str, str]:
+    """``--algo``, ``--rollout.engine`` and ``--run.backend`` from the command line, else the last recipe's,
+    else the default; modules named by ``--import`` are imported first. Checked against their registries
+    (one line with the known names)."""
     import yaml
 
-    from agents.learners.registry import lookup_algorithm
-
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--algo")
+    for flag in _CHOICES:
+        pre.add_argument(f"--{flag}", dest=flag)
     pre.add_argument("--config", action="append", default=[])
     pre.add_argument("--import", dest="imports", action="append", default=[])
     known, _ = pre.parse_known_args(list(argv))
@@ -112,7 +126,7 @@ def _chosen_algorithm(argv: Sequence[str]) -> str:
             importlib.import_module(module)
         except ImportError as exc:
             raise ValueError(f"--import {module}: {_one_line(str(exc))}") from None
-    algo = known.algo
+    choices = {flag: getattr(known, flag) for flag in _CHOICES}
     for path in known.config:
         if not Path(path).is_file():
             raise ValueError(f"recipe file not found: {path}")
@@ -120,11 +134,13 @@ def _chosen_algorithm(argv: Sequence[str]) -> str:
             recipe = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise ValueError(f"recipe {path} is not valid YAML: {_one_line(str(exc))}") from None
-        if algo is None and isinstance(recipe, dict) and "algo" in recipe:
-            algo = recipe["algo"]
-    algo = DEFAULT_ALGO if algo is None else algo
-    lookup_algorithm(algo)
-    return algo
+        if not isinstance(recipe, dict):
+            continue
+        for flag, ((group, name), _) in _CHOICES.items():
+            section = recipe if group is None else recipe.get(group)
+            if getattr(known, flag) is None and isinstance(section, dict) and name in section:
+                choices[flag] = section[name]
+    return {flag: default if choices[flag] is None else choices[flag] for flag, (_, default) in _CHOICES.items()}
 
 
 def _with_suggestion(message: str, parser: Any) -> str:

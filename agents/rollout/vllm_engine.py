@@ -48,21 +48,52 @@ import sys
 import tempfile
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, get_args
 
 import torch
 
 from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk, turn_stop_strings
+from agents.rollout.engines import register_engine
 from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
-__all__ = ["VLLMAgent", "VLLMEngine"]
+__all__ = ["VLLMAgent", "VLLMEngine", "VLLMEngineOptions"]
 
 #: The KV cache a CPU engine takes when ``VLLM_CPU_KVCACHE_SPACE`` does not say (GiB), as a ceiling on
 #: ``memory_fraction`` of the machine's memory: the trainer and the environment need the rest.
 CPU_KV_CACHE_GIB_MAX = 2.0
+
+
+@dataclass
+class VLLMEngineOptions:
+    """Options of ``rollout.engine: vllm`` (the run config's ``engine`` group).
+
+    Attributes:
+        memory_fraction: the share of the accelerator's memory vLLM may take (its
+            ``gpu_memory_utilization``; the trainer's model shares the device). On a CPU it sizes vLLM's
+            KV cache as that share of the machine's memory.
+        sleep: put the engine to sleep (weights and KV cache released) during the update, and wake it
+            before the next rollout; its weights are always reloaded after waking.
+    """
+
+    memory_fraction: float = 0.3
+    sleep: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"engine.memory_fraction must be in (0, 1], got {self.memory_fraction}")
+
+
+def _build(config: Any, policy: HFPolicy, backend: Any) -> Any:
+    from agents.training.build import rollout_engine  # the trainer's wiring of the engine (moves with the engine registry)
+
+    return rollout_engine(config, policy, backend)
+
+
+register_engine("vllm", options=VLLMEngineOptions, build=_build)
 
 
 def _import_vllm() -> Any:

@@ -21,9 +21,10 @@ import copy
 import math
 from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import torch
 
@@ -36,7 +37,10 @@ from rewards import UnknownNameError
 if TYPE_CHECKING:
     from agents.learners import Algorithm, BatchCounts
 
-__all__ = ["BACKENDS", "TorchBackend", "TrainingBackend", "build_backend", "register_backend"]
+__all__ = [
+    "BACKENDS", "TorchBackend", "TorchOptions", "TrainingBackend", "backend_options_class", "build_backend", "lookup_backend",
+    "register_backend",
+]
 
 
 class TrainingBackend(ABC):
@@ -47,6 +51,8 @@ class TrainingBackend(ABC):
     """
 
     policy: HFPolicy
+    #: The dataclass of the backend's own settings (the run config's ``backend`` group).
+    options_class: ClassVar[type]
 
     def __init__(self) -> None:
         self._post_step_hooks: list[Callable[[], None]] = []
@@ -191,11 +197,31 @@ class TrainingBackend(ABC):
 BACKENDS: dict[str, type[TrainingBackend]] = {}
 """Backend name (``run.backend``) -> backend class."""
 
+#: The modules that register the built-in backends besides ``torch``, imported when their name is first looked up.
+_BUILT_IN = {"deepspeed": "agents.training.deepspeed_backend"}
 
-def register_backend(name: str) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
-    """Class decorator: make a backend reachable as ``run.backend: name``."""
+
+def lookup_backend(name: str) -> type[TrainingBackend]:
+    """The backend class registered as ``name``; ``UnknownNameError`` (one line, the known names) for another."""
+    if name not in BACKENDS and name in _BUILT_IN:
+        import_module(_BUILT_IN[name])  # registers itself; its engine (DeepSpeed) loads when built
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UnknownNameError("run.backend", name, sorted({*BACKENDS, *_BUILT_IN})) from None
+
+
+def backend_options_class(name: str) -> type:
+    """The options dataclass of backend ``name`` (the run config's ``backend`` group)."""
+    return lookup_backend(name).options_class
+
+
+def register_backend(name: str, *, options: type) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
+    """Class decorator: make a backend reachable as ``run.backend: name``, its settings the dataclass
+    ``options`` (the run config's ``backend`` group, ``--backend.FIELD``)."""
 
     def register(cls: type[TrainingBackend]) -> type[TrainingBackend]:
+        cls.options_class = options
         BACKENDS[name] = cls
         return cls
 
@@ -204,13 +230,7 @@ def register_backend(name: str) -> Callable[[type[TrainingBackend]], type[Traini
 
 def build_backend(config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> TrainingBackend:
     """The backend ``config.run.backend`` names, built around ``policy``."""
-    if config.run.backend == "deepspeed" and "deepspeed" not in BACKENDS:
-        import agents.training.deepspeed_backend  # noqa: F401  (registers itself; deepspeed loads when built)
-    try:
-        backend_class = BACKENDS[config.run.backend]
-    except KeyError:
-        raise UnknownNameError("backend", config.run.backend, BACKENDS) from None
-    return backend_class.from_config(config, policy, algorithm)
+    return lookup_backend(config.run.backend).from_config(config, policy, algorithm)
 
 
 def training_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -221,7 +241,12 @@ def training_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
 
 
-@register_backend("torch")
+@dataclass
+class TorchOptions:
+    """The ``torch`` backend has no settings of its own (device and precision are ``run.device``, ``run.dtype``)."""
+
+
+@register_backend("torch", options=TorchOptions)
 class TorchBackend(TrainingBackend):
     """Plain PyTorch on one device: AdamW, gradient-norm clipping, linear warm-up then a constant rate.
 

@@ -99,8 +99,8 @@ def rollout_engine(config: TrainConfig, policy: Any, backend: Any) -> Callable[[
     from agents.rollout.vllm_engine import VLLMEngine
 
     with backend.generation():
-        engine = VLLMEngine(policy, memory_fraction=rollout.vllm_memory_fraction, max_model_len=config.env.max_context,
-                            sleep=rollout.vllm_sleep, seed=config.run.seed)
+        engine = VLLMEngine(policy, memory_fraction=config.engine.memory_fraction, max_model_len=config.env.max_context,
+                            sleep=config.engine.sleep, seed=config.run.seed)
     engine.attach(backend)
 
     def factory(greedy: bool, seed: int) -> Any:

@@ -28,7 +28,7 @@ from agents.learners.config import AlgorithmConfig, check_warmup
 from agents.policies.config import ModelConfig
 
 __all__ = [
-    "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig",
+    "CHOSEN_GROUPS", "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig",
     "TrainConfig", "WarmStartConfig",
 ]
 
@@ -169,21 +169,11 @@ class RolloutConfig:
             chunk over as it ends, so the environment and search run on another core while the policy
             decodes the other episodes (:class:`search_env.worker.EnvWorker`); the episodes are the same.
             Worth it when a core is free: it takes a second one.
-        engine: what samples the episodes: ``hf`` (:class:`~agents.rollout.hf_sampler.HFSampler` on the
-            trained model itself) or ``vllm`` (:class:`~agents.rollout.vllm_engine.VLLMEngine`: a vLLM
-            engine in the trainer's process, its weights streamed in after the optimiser steps, one
-            tensor at a time, gathered in turn from a ZeRO-3 backend; with ``model.lora_rank`` it holds
-            the frozen base and serves the trained adapters as vLLM's LoRA adapters, replaced after the
-            optimiser steps; needs the ``vllm`` package, see ``.ci/vllm_venv.sh``). With ``vllm``,
-            ``algorithm.tis_cap`` left unset becomes 2.0 (the engine's log-probs are not the trainer's).
-        vllm_memory_fraction: the share of the accelerator's memory vLLM may take (its
-            ``gpu_memory_utilization``; the trainer's model shares the device). On a CPU it sizes vLLM's
-            KV cache as that share of the machine's memory.
-        vllm_sleep: put the vLLM engine to sleep (weights and KV cache released) during the update, and
-            wake it before the next rollout; its weights are always reloaded after waking.
-        reuse_logprobs: with ``engine: hf``, the sampler's own log-probs are the rollout policy's
-            log-probs (one forward pass fewer when the update takes several optimiser steps); they agree
-            with a recomputation to float precision, as the sampler runs the trained model itself.
+        engine: what samples the episodes, a registered engine (:mod:`agents.rollout.engines`): ``hf``
+            (:class:`~agents.rollout.hf_sampler.HFSampler` on the trained model itself) or ``vllm``
+            (:mod:`agents.rollout.vllm_engine`: a vLLM engine in the trainer's process, its weights
+            streamed in after the optimiser steps). Its own settings are the ``engine`` group
+            (``--engine.FIELD``; ``--rollout.engine NAME --help`` lists them).
     """
 
     questions_per_step: int = 8
@@ -191,9 +181,6 @@ class RolloutConfig:
     top_p: float = 1.0
     env_worker: bool = False
     engine: str = "hf"
-    vllm_memory_fraction: float = 0.3
-    vllm_sleep: bool = False
-    reuse_logprobs: bool = False
 
     def __post_init__(self) -> None:
         _positive("rollout", self, "questions_per_step")
@@ -202,12 +189,6 @@ class RolloutConfig:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError(f"unknown rollout.engine {self.engine!r}; known: hf, vllm")
-        if not 0 < self.vllm_memory_fraction <= 1:
-            raise ValueError(f"rollout.vllm_memory_fraction must be in (0, 1], got {self.vllm_memory_fraction}")
-        if self.reuse_logprobs and self.engine != "hf":
-            raise ValueError("rollout.reuse_logprobs needs rollout.engine: hf (another engine's log-probs are not the trainer's)")
 
 
 @dataclass
@@ -334,12 +315,10 @@ class RunConfig:
         steps: training steps (each one rollout and its update).
         seed: seed of everything random in the run (model init, data order, sampling).
         device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
-        backend: the training backend (``torch``; ``deepspeed``: ZeRO data parallelism, one process per
-            device under ``torchrun``; others as registered, see :mod:`agents.training.backend`).
-        zero_stage: with ``backend: deepspeed``, the ZeRO stage: 2 (optimiser states and gradients
-            sharded) or 3 (parameters too).
-        deepspeed_config: with ``backend: deepspeed``, a JSON file whose keys override the engine config
-            derived from this one (:func:`agents.training.deepspeed_backend.deepspeed_config`).
+        backend: the training backend, a registered one (:mod:`agents.training.backend`): ``torch`` (one
+            device) or ``deepspeed`` (ZeRO data parallelism, one process per device under ``torchrun``).
+            Its own settings are the ``backend`` group (``--backend.FIELD``; ``--run.backend NAME --help``
+            lists them).
         dtype: the training precision: ``auto`` (bf16 on a GPU that supports it, fp32 on a CPU),
             ``bf16`` or ``fp32``. With bf16 the forward passes (rollouts, log-probs, updates) compute in
             bf16 while log-probs, losses and the optimiser's steps stay in fp32: the trained weights are
@@ -385,8 +364,6 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     backend: str = "torch"
-    zero_stage: int = 2
-    deepspeed_config: str | None = None
     dtype: str = "auto"
     gradient_checkpointing: bool = False
     num_threads: int = 1
@@ -412,8 +389,6 @@ class RunConfig:
             raise ValueError(f"run.warn_failed_searches must be in [0, 1], got {self.warn_failed_searches}")
         if self.resume and self.overwrite:
             raise ValueError("give run.resume or run.overwrite, not both")
-        if self.zero_stage not in (2, 3):
-            raise ValueError(f"run.zero_stage must be 2 or 3, got {self.zero_stage}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(f"unknown run.dtype {self.dtype!r}; known: auto, bf16, fp32")
         self.report_to = list(self.report_to)
@@ -440,6 +415,21 @@ GROUPS: dict[str, type] = {
 }
 
 
+#: The groups whose class a choice decides (see :meth:`TrainConfig.chosen_groups`).
+CHOSEN_GROUPS = ("algorithm", "engine", "backend")
+
+
+def _choice_classes(algo: str, engine: str, backend: str) -> dict[str, type]:
+    """The classes of the ``algorithm``, ``engine`` and ``backend`` groups for these choices (registries
+    imported here: they import this module's neighbours)."""
+    from agents.learners.registry import lookup_algorithm
+    from agents.rollout.engines import engine_options_class
+    from agents.training.backend import backend_options_class
+
+    return {"algorithm": lookup_algorithm(algo).config_class, "engine": engine_options_class(engine),
+            "backend": backend_options_class(backend)}
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run needs: the algorithm's name and config, and the groups above.
@@ -452,6 +442,9 @@ class TrainConfig:
     Attributes:
         algo: the algorithm's registered name (``--algo``).
         algorithm: its config; ``None`` takes the algorithm's defaults.
+        engine: the options of the rollout engine ``rollout.engine`` names (its registered options class;
+            ``None`` takes their defaults).
+        backend: the options of the training backend ``run.backend`` names (likewise).
     """
 
     algo: str = "grpo"
@@ -464,42 +457,61 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     algorithm: AlgorithmConfig | None = None
+    engine: Any = None
+    backend: Any = None
 
     def __post_init__(self) -> None:
-        from agents.learners.registry import lookup_algorithm
-
-        config_class = lookup_algorithm(self.algo).config_class
-        if self.algorithm is None:
-            self.algorithm = config_class()
-        elif not isinstance(self.algorithm, config_class):
-            raise ValueError(f"algo {self.algo!r} takes a {config_class.__name__}, got a {type(self.algorithm).__name__}")
         for name, group_class in GROUPS.items():
             if not isinstance(getattr(self, name), group_class):
                 raise ValueError(f"{name} must be a {group_class.__name__}, got {type(getattr(self, name)).__name__}")
+        for group, (choice, option_class) in self.chosen_groups().items():
+            value = getattr(self, group)
+            if value is None:
+                setattr(self, group, option_class())
+            elif type(value) is not option_class:
+                raise ValueError(f"{choice} takes a {option_class.__name__} as its {group} group, got a {type(value).__name__}")
         self.validate()
 
+    def chosen_groups(self) -> dict[str, tuple[str, type]]:
+        """The groups whose class a choice decides: ``{group: (the choice as written, its class)}`` for
+        ``algorithm`` (``algo``), ``engine`` (``rollout.engine``) and ``backend`` (``run.backend``).
+
+        Raises:
+            UnknownNameError: a choice names nothing registered (one line, with the known names).
+        """
+        classes = _choice_classes(self.algo, self.rollout.engine, self.run.backend)
+        return {"algorithm": (f"algo {self.algo!r}", classes["algorithm"]),
+                "engine": (f"rollout.engine {self.rollout.engine!r}", classes["engine"]),
+                "backend": (f"run.backend {self.run.backend!r}", classes["backend"])}
+
     def updated(self, changes: Mapping[str, Any]) -> TrainConfig:
-        """A copy with ``{"group.field": value}`` changes applied (``"algo"`` too, which resets the
-        algorithm's config to the new algorithm's defaults before its changes); every value is checked
-        as on construction.
+        """A copy with ``{"group.field": value}`` changes applied (``"algo"`` too); a change of choice
+        (``algo``, ``rollout.engine``, ``run.backend``) resets the group it decides to the new choice's
+        defaults before that group's changes. Every value is checked as on construction.
 
         Raises:
             ValueError: a key names no group or field.
         """
-        from agents.learners.registry import lookup_algorithm
-
         algo = changes.get("algo", self.algo)
-        algorithm = self.algorithm if algo == self.algo else lookup_algorithm(algo).config_class()
-        current: dict[str, Any] = {**{name: getattr(self, name) for name in GROUPS}, "algorithm": algorithm}
+        engine, backend = changes.get("rollout.engine", self.rollout.engine), changes.get("run.backend", self.run.backend)
+        classes = _choice_classes(algo, engine, backend)
+        new_choice = {"algorithm": algo != self.algo, "engine": engine != self.rollout.engine, "backend": backend != self.run.backend}
+        groups: dict[str, Any] = {name: getattr(self, name) for name in (*GROUPS, *CHOSEN_GROUPS)}
         edits: dict[str, dict[str, Any]] = {}
         for key, value in changes.items():
             if key == "algo":
                 continue
             group, _, name = key.partition(".")
-            if group not in current or name not in {f.name for f in dataclasses.fields(current[group])}:
-                raise ValueError(f"unknown config field {key!r}: use group.field with a group of {', '.join(current)}")
+            known = {f.name for f in dataclasses.fields(classes.get(group) or groups[group])} if group in groups else set()
+            if name not in known:
+                raise ValueError(f"unknown config field {key!r}: use group.field with a group of {', '.join(groups)}")
             edits.setdefault(group, {})[name] = value
-        return TrainConfig(algo, **{group: dataclasses.replace(obj, **edits.get(group, {})) for group, obj in current.items()})
+        for group, obj in groups.items():
+            if new_choice.get(group):  # a new choice: its defaults, then the changes
+                groups[group] = classes[group](**edits.get(group, {}))
+            elif group in edits:
+                groups[group] = dataclasses.replace(obj, **edits[group])
+        return TrainConfig(algo, **groups)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, as a recipe or ``config.json`` holds them."""

@@ -2,7 +2,7 @@
 
 Launch one process per device::
 
-    torchrun --nproc_per_node 2 -m agents.train --run.backend deepspeed --run.zero_stage 3 ...
+    torchrun --nproc_per_node 2 -m agents.train --run.backend deepspeed --backend.zero_stage 3 ...
     deepspeed --num_gpus 2 --module agents.train --run.backend deepspeed ...
 
 On several machines (the same command on each; ``MASTER`` is the first machine's address)::
@@ -35,7 +35,7 @@ The maths of a step stay those of one process:
 * the learning-rate schedule counts training steps (:meth:`finish_step`), as :class:`TorchBackend`'s does.
 
 The DeepSpeed config is derived from the run's (:func:`deepspeed_config`): micro batch, clipping, ZeRO
-stage, precision (bf16 on a GPU that has it, fp32 on a CPU); ``run.deepspeed_config`` names a JSON file
+stage, precision (bf16 on a GPU that has it, fp32 on a CPU); ``backend.config`` names a JSON file
 whose keys override the derived ones (nested groups merged key by key). No ``"auto"`` may remain.
 
 Under ZeRO-3 the parameters are sharded: :meth:`generation` gathers them whole for the HF sampler's
@@ -73,7 +73,7 @@ import os
 import socket
 import sys
 from contextlib import contextmanager, redirect_stdout
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -88,7 +88,7 @@ from agents.training.config import TrainConfig
 if TYPE_CHECKING:
     from agents.learners import Algorithm, BatchCounts
 
-__all__ = ["DeepSpeedBackend", "deepspeed_config", "import_deepspeed"]
+__all__ = ["DeepSpeedBackend", "DeepSpeedOptions", "deepspeed_config", "import_deepspeed"]
 
 #: The tag of the engine's checkpoint inside the backend's folder.
 ENGINE_TAG = "engine"
@@ -114,15 +114,15 @@ def import_deepspeed() -> Any:
 def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16_ok: bool,
                      hidden_size: int | None = None) -> dict[str, Any]:
     """The engine's config for a run: derived from ``config`` (micro batch, clipping, ZeRO stage,
-    precision), then overridden by the keys of the JSON file ``run.deepspeed_config`` names.
+    precision), then overridden by the keys of the JSON file ``backend.config`` names.
 
     Raises:
         ValueError: the file cannot be read, or a value is left ``"auto"`` (this backend resolves none).
     """
-    run, optim = config.run, config.optim
+    run, optim, options = config.run, config.optim, config.backend
     micro = optim.micro_batch_size if optim.micro_batch_size > 0 else 1
-    zero: dict[str, Any] = {"stage": run.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
-    if run.zero_stage == 3 and hidden_size:
+    zero: dict[str, Any] = {"stage": options.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if options.zero_stage == 3 and hidden_size:
         h = hidden_size
         zero.update({"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h),
                      "stage3_param_persistence_threshold": 10 * h})
@@ -140,14 +140,14 @@ def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
     }
-    if run.deepspeed_config:
-        path = Path(run.deepspeed_config)
+    if options.config:
+        path = Path(options.config)
         try:
             overrides = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"run.deepspeed_config {path}: {' '.join(str(exc).split())}") from None
+            raise ValueError(f"backend.config {path}: {' '.join(str(exc).split())}") from None
         if not isinstance(overrides, dict):
-            raise ValueError(f"run.deepspeed_config {path} must hold a JSON object")
+            raise ValueError(f"backend.config {path} must hold a JSON object")
         derived = _merged(derived, overrides)
     left = _auto_keys(derived)
     if left:
@@ -230,14 +230,32 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@register_backend("deepspeed")
+@dataclass
+class DeepSpeedOptions:
+    """Options of ``run.backend: deepspeed``.
+
+    Attributes:
+        zero_stage: the ZeRO stage: 2 (optimiser states and gradients sharded) or 3 (parameters too).
+        config: a JSON file whose keys override the engine config derived from the run's
+            (:func:`deepspeed_config`; nested groups merged key by key).
+    """
+
+    zero_stage: int = 2
+    config: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (2, 3):
+            raise ValueError(f"backend.zero_stage must be 2 or 3, got {self.zero_stage}")
+
+
+@register_backend("deepspeed", options=DeepSpeedOptions)
 class DeepSpeedBackend(TrainingBackend):
     """The policy (and a value head) in a DeepSpeed ZeRO engine, one process per device (module docstring);
     a separate critic in an engine of its own.
 
     Args:
         policy: the policy to train, not yet sharded.
-        config: the run's config (``run.zero_stage``, ``run.deepspeed_config``, the ``optim`` group ...).
+        config: the run's config (its ``backend`` group, :class:`DeepSpeedOptions`; the ``optim`` group ...).
         critic: a separate value model (PPO without a value head), not yet sharded; trained by its own
             engine and AdamW, at the policy's ZeRO stage, as :class:`TorchBackend` trains its critic.
         critic_learning_rate: the critic's learning rate (default: the policy's).
@@ -260,10 +278,10 @@ class DeepSpeedBackend(TrainingBackend):
         self._dist = dist
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         self.config = config
-        self.stage = config.run.zero_stage
+        self.stage = config.backend.zero_stage
         self._device = torch.device(accelerator.current_device_name()) if on_gpu else torch.device("cpu")
         if on_gpu and self.stage not in (2, 3):
-            raise ValueError(f"run.zero_stage {self.stage} is not one this backend runs (2 or 3)")
+            raise ValueError(f"backend.zero_stage {self.stage} is not one this backend runs (2 or 3)")
         bf16_ok = on_gpu and accelerator.is_bf16_supported()
         if config.run.dtype == "bf16" and not bf16_ok:
             raise ValueError("run.dtype bf16 with run.backend deepspeed needs a GPU that supports bf16 (on a CPU the engine trains in fp32)")

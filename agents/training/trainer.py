@@ -259,7 +259,7 @@ class Trainer:
         update_keys: set[str] = set()
         if float(self.backend.all_reduce_sum(trained)) > 0:  # every rank updates when any has trained tokens
             batch = to_device(batch, self.backend.device)
-            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=self.config.rollout.reuse_logprobs)
+            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=getattr(self.config.engine, "reuse_logprobs", False))
             stats.update(engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             with_entropy = self.algorithm.needs_entropy or self.log_entropy
