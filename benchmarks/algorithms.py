@@ -30,7 +30,7 @@ greedy EM (all questions, and 2-hop questions) comes from the trainer's evaluati
 end.
 
 **Collapse**: a run collapses when its training reward or its entropy falls off its peak and does not
-recover (:mod:`benchmarks.collapse`): the rolling mean over ``--window`` steps stays below a fraction of
+recover (:mod:`benchmarks.common.collapse`): the rolling mean over ``--window`` steps stays below a fraction of
 its peak (:data:`COLLAPSE_FRACTIONS`) from some step to the end, for at least ``--window`` steps.
 
 **Outputs** in ``--output-dir``: one training run folder per algorithm and seed (``runs/<algorithm>/seed<n>``,
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agents.training.callbacks import Callback
-from benchmarks.collapse import collapse_step
+from benchmarks.common.collapse import collapse_step
 from benchmarks.learning import DEMO_RECIPE, demo_config
 from search_env.console import HelpFormatter
 
@@ -131,7 +131,7 @@ _BY_NAME = {v.name: v for v in VARIANTS}
 SHARED_FIELDS = ("kl_coef", "entropy_coef", "clip_low", "clip_high", "dual_clip", "kl_clamp", "tis_cap", "seq_mask_delta")
 
 #: A run collapses when the rolling mean of the metric stays below this share of its peak to the end
-#: (:mod:`benchmarks.collapse`): reward halved; entropy down to a fifth, a nearly deterministic policy
+#: (:mod:`benchmarks.common.collapse`): reward halved; entropy down to a fifth, a nearly deterministic policy
 #: (entropy falls as any policy learns, so its rule is stricter).
 COLLAPSE_FRACTIONS = {"reward": 0.5, "entropy": 0.2}
 
@@ -536,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()  # the policy export's bar would bury the progress lines
     from agents.training.data import build_data
-    from benchmarks.machine import machine_info
+    from benchmarks.common.machine import machine_info
     from benchmarks.policy_cache import WarmStart, cached_warm_start
 
     machine = machine_info()

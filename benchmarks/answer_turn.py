@@ -43,8 +43,8 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 
 import search_env  # noqa: F401  (registers SearchQA-v0)
-from benchmarks.machine import machine_info, machine_line
-from benchmarks.peer_venvs import venv_dir
+from benchmarks.common.machine import machine_info, machine_line
+from benchmarks.common.peer_venvs import venv_dir
 from search_env.console import HelpFormatter
 from search_env.data.example import QAExample
 

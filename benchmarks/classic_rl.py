@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
 
-from benchmarks.report_files import command_line, write_results
+from benchmarks.common.report_files import command_line, write_results
 from search_env._optional import requires_extra
 from search_env.console import HelpFormatter
 from search_env.resolve import resolve_sources

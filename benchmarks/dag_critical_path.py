@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 from search_env.dag import execute_plan, parse_plan, validate_plan
 from search_env.sources.base import Passage, Source

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 from search_env.dag import parse_plan, validate_plan
 

@@ -22,8 +22,8 @@ from typing import Sequence
 import gymnasium as gym
 
 import search_env  # noqa: F401  (registers SearchQA-v0)
-from benchmarks.perf_report import Measure
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.perf_report import Measure
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from search_env import BatchSearchQAEnv
 from search_env.console import HelpFormatter
 

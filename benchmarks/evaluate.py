@@ -60,7 +60,7 @@ from benchmarks.evaluation.report import print_legend, print_table, summarize, t
 from benchmarks.evaluation.retrieval import RETRIEVERS, Retrieval, RetrievalOptions
 from benchmarks.evaluation.runner import EnvOptions, Plan, play, run
 from benchmarks.evaluation.store import EPISODES_FILE, EpisodeLog, check_settings
-from benchmarks.report_files import command_line, replace_generated_section
+from benchmarks.common.report_files import command_line, replace_generated_section
 
 __all__ = ["evaluate", "main", "print_table"]
 

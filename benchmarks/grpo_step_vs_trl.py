@@ -60,7 +60,7 @@ import torch
 from agents.training.build import build_trainer
 from agents.training.config import TrainConfig
 from agents.training.trainer import Trainer
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from benchmarks.warm_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from agents.training.build import build_trainer
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

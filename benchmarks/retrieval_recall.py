@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 
 DATASETS = ("hotpotqa_dev", "2wikimultihopqa_dev", "musique_dev")

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import requests
 import urllib3
 
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 from search_env.server.build import build_source
 from search_env.sources.base import Source

@@ -32,7 +32,7 @@ from agents.rollout.collect import collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
 from agents.training.build import build_trainer, env_options
 from benchmarks.learning import demo_config
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from benchmarks.warm_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.worker import EnvWorker

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.report_files import command_line, markdown_table, write_results
+from benchmarks.common.report_files import command_line, markdown_table, write_results
 from search_env.console import HelpFormatter
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -38,7 +38,7 @@ the finished report into the generated section ``suite`` of that markdown file, 
 ``benchmarks/RESULTS.md``: the text between ``<!-- generated section suite: begin ... -->`` and ``<!--
 generated section suite: end -->`` is replaced (the section is appended where the file has none), with the
 date, the command and the machine; every byte outside the markers is left as it was
-(:func:`benchmarks.report_files.replace_generated_section`).
+(:func:`benchmarks.common.report_files.replace_generated_section`).
 
 Not in the suite: ``retrieval_recall`` (retrieval quality, not speed), ``memory_soak`` (a leak hunt over
 hundreds of training steps), and the learning and evaluation benchmarks (``learning``, ``algorithms``,
@@ -60,9 +60,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from benchmarks.peer_venvs import venv_dir
-from benchmarks.perf_report import Comparison, Measure, Section, format_markdown, report_dict
-from benchmarks.report_files import command_line, replace_generated_section, write_csv
+from benchmarks.common.peer_venvs import venv_dir
+from benchmarks.common.perf_report import Comparison, Measure, Section, format_markdown, report_dict
+from benchmarks.common.report_files import command_line, replace_generated_section, write_csv
 from search_env.console import HelpFormatter
 
 __all__ = ["BENCHMARKS", "NOT_IN_SUITE", "Options", "Skipped", "main", "run_section"]
@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.results_md is not None and not args.results_md.parent.is_dir():
         parser.error(f"--results-md: no folder {args.results_md.parent}")
-    from benchmarks.machine import machine_info
+    from benchmarks.common.machine import machine_info
 
     options = Options(args.quick, args.corpus, args.questions, args.index_dir, args.cache_dir)
     names = [name for name in BENCHMARKS if args.only is None or name in args.only]

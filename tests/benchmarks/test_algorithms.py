@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.collapse import collapse_step, rolling_mean
+from benchmarks.common.collapse import collapse_step, rolling_mean
 from tests.conftest import skip_without
 
 AGENTS_EXTRA = ("agents", "torch", "transformers", "yaml", "matplotlib")

@@ -1,4 +1,4 @@
-"""The result files every benchmark command writes (:mod:`benchmarks.report_files`): tables as markdown, CSV and
+"""The result files every benchmark command writes (:mod:`benchmarks.common.report_files`): tables as markdown, CSV and
 JSON with the command, date and machine, and the generated section of a hand-written markdown file, replaced
 without a byte outside its markers changing."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report_files import command_line, markdown_table, replace_generated_section, write_csv, write_results
+from benchmarks.common.report_files import command_line, markdown_table, replace_generated_section, write_csv, write_results
 
 MACHINE = {"cpu": "Test CPU", "cores": 2, "usable_cores": 2, "load_average": [0.5, 0.5, 0.5], "memory_bytes": 2**33, "gpus": [],
            "python": "3.x", "torch": None, "commit": "abc1234"}

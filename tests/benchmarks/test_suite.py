@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import suite
-from benchmarks.perf_report import Comparison, Measure, Section, format_markdown, report_dict
+from benchmarks.common.perf_report import Comparison, Measure, Section, format_markdown, report_dict
 
 MACHINE = {"cpu": "Test CPU", "cores": 2, "usable_cores": 2, "load_average": [1.0, 1.0, 1.0], "memory_bytes": 2**33, "gpus": [],
            "python": "3.x", "torch": None, "commit": None}

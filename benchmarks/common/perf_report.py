@@ -13,8 +13,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from benchmarks.machine import machine_line
-from benchmarks.report_files import format_number
+from benchmarks.common.machine import machine_line
+from benchmarks.common.report_files import format_number
 
 __all__ = ["Comparison", "Measure", "Section", "format_markdown", "report_dict"]
 

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from benchmarks.machine import machine_info, machine_line
+from benchmarks.common.machine import machine_info, machine_line
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -88,7 +88,7 @@ def command_line(prog: str | None = None, argv: Sequence[str] | None = None) -> 
 
 def run_header(command: str) -> dict[str, Any]:
     """What every result file starts with: the command, the date and time (UTC) and the machine
-    (:func:`benchmarks.machine.machine_info`)."""
+    (:func:`benchmarks.common.machine.machine_info`)."""
     return {"command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
 
 
