@@ -22,10 +22,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from agents.learners.config import AlgorithmConfig, check_warmup
 from agents.policies.config import ModelConfig
+
+#: The metadata of a setting a resume may change without being told (``run.allow_changes``): it changes how
+#: a run is watched, paced or stored, never what a step computes. Any group's class, an algorithm's too,
+#: declares its own (:func:`agents.training.resume.free_settings` collects them).
+RESUME_FREE: Mapping[str, Any] = MappingProxyType({"resume_free": True})
 
 __all__ = [
     "CHOSEN_GROUPS", "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig",
@@ -179,7 +185,7 @@ class RolloutConfig:
     questions_per_step: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    env_worker: bool = False
+    env_worker: bool = field(default=False, metadata=RESUME_FREE)
     engine: str = "hf"
 
     def __post_init__(self) -> None:
@@ -228,7 +234,7 @@ class OptimConfig:
     update_epochs: int = 1
     mini_batch_size: int = 0
     micro_batch_size: int = 8
-    max_skipped_updates: int = 3
+    max_skipped_updates: int = field(default=3, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
         _positive("optim", self, "update_epochs", "max_skipped_updates")
@@ -271,7 +277,7 @@ class WarmStartConfig:
     batch_size: int = 32
     learning_rate: float = 1e-3
     second_hop_rate: float = 1.0
-    save_every: int = 500
+    save_every: int = field(default=500, metadata=RESUME_FREE)
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -298,10 +304,10 @@ class EvalConfig:
             evaluations before and after training always do both).
     """
 
-    every: int = 0
+    every: int = field(default=0, metadata=RESUME_FREE)
     questions: int = 64
-    by_hops: bool = False
-    periodic_sampled: bool = True
+    by_hops: bool = field(default=False, metadata=RESUME_FREE)
+    periodic_sampled: bool = field(default=True, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
         _positive("eval", self, "every", "questions", zero_ok=True)
@@ -360,26 +366,26 @@ class RunConfig:
             from the run's own; any other change is refused (see :mod:`agents.training.resume`).
     """
 
-    steps: int = 100
+    steps: int = field(default=100, metadata=RESUME_FREE)
     seed: int = 0
     device: str = "cpu"
     backend: str = "torch"
     dtype: str = "auto"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata=RESUME_FREE)
     num_threads: int = 1
-    output_dir: str = "runs/latest"
-    resume: bool = False
-    overwrite: bool = False
-    stop_after: int | None = None
-    save_every: int = 0
-    log_every: int = 1
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    progress: bool | None = None
-    print_every: int = 10
-    sample_every: int = 50
-    warn_failed_searches: float = 0.5
-    log_entropy: bool = True
-    allow_changes: list[str] = field(default_factory=list)
+    output_dir: str = field(default="runs/latest", metadata=RESUME_FREE)
+    resume: bool = field(default=False, metadata=RESUME_FREE)
+    overwrite: bool = field(default=False, metadata=RESUME_FREE)
+    stop_after: int | None = field(default=None, metadata=RESUME_FREE)
+    save_every: int = field(default=0, metadata=RESUME_FREE)
+    log_every: int = field(default=1, metadata=RESUME_FREE)
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=RESUME_FREE)
+    progress: bool | None = field(default=None, metadata=RESUME_FREE)
+    print_every: int = field(default=10, metadata=RESUME_FREE)
+    sample_every: int = field(default=50, metadata=RESUME_FREE)
+    warn_failed_searches: float = field(default=0.5, metadata=RESUME_FREE)
+    log_entropy: bool = field(default=True, metadata=RESUME_FREE)
+    allow_changes: list[str] = field(default_factory=list, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
         _positive("run", self, "steps", "num_threads", "log_every", "stop_after")
