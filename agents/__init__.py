@@ -3,9 +3,16 @@
 Scripted baselines (no extra dependencies) are imported with the package; the LLM policies, rollouts,
 learners and trainer need the ``agents`` extra (torch, transformers) and are imported on first use::
 
-    from agents import build_trainer, GRPOConfig
-    trainer = build_trainer(GRPOConfig(steps=50, sft_steps=200, eval_every=10))
+    from agents import GRPOConfig, TrainConfig, build_trainer
+
+    config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=8)).updated(
+        {"run.steps": 50, "warm_start.steps": 200, "eval.every": 10, "run.output_dir": "runs/grpo"})
+    trainer = build_trainer(config)
     result = trainer.train()
+    trainer.close_environments()
+
+(:class:`~agents.training.config.TrainConfig` lists every group and field; ``python -m agents.train
+--help`` shows the same settings as flags.)
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ _LAZY = {
     "RolloutAgent": "agents.rollout.agent", "Chunk": "agents.rollout.agent",
     "HFSampler": "agents.rollout.hf_sampler",
     "collect_rollouts": "agents.rollout.collect", "Rollout": "agents.rollout.collect", "build_batch": "agents.rollout.batch",
-    "ALGORITHMS": "agents.learners", "Algorithm": "agents.learners", "build_algorithm": "agents.learners",
+    "ALGORITHMS": "agents.learners", "Algorithm": "agents.learners", "lookup_algorithm": "agents.learners",
+    "register_algorithm": "agents.learners",
     "PPOConfig": "agents.learners", "GRPOConfig": "agents.learners", "ReinforcePPConfig": "agents.learners",
     "ReinforcePPBaselineConfig": "agents.learners",
     "TrainingBackend": "agents.training.backend", "TorchBackend": "agents.training.backend",

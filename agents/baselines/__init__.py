@@ -16,11 +16,17 @@ The ``protocol`` row of such a table is the LLM itself writing freely under the 
 the rollout agent of the model (:class:`~agents.rollout.hf_sampler.HFSampler`,
 :class:`~agents.rollout.endpoint.CompletionsEndpointAgent`), with no baseline around it.
 
-Example, with a local model::
+Example, with a local model on the first eight questions of the built-in synthetic world::
+
+    from agents.baselines import BASELINES, BaselineAgent, RolloutTextGenerator
+    from agents.policies.loading import load_policy
+    from agents.rollout.collect import collect_rollouts
+    from agents.rollout.hf_sampler import HFSampler
+    from search_env import BatchSearchQAEnv
 
     sampler = HFSampler(load_policy("smollm2"), greedy=True)
     agent = BaselineAgent(BASELINES["ircot"](), RolloutTextGenerator(sampler))
-    rollout = collect_rollouts(agent, BatchSearchQAEnv(8, tokenizer=agent.codec), questions)
+    rollout = collect_rollouts(agent, BatchSearchQAEnv(8, tokenizer=agent.codec), range(8))
 """
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 shared core (clipped surrogate, KL estimators, loss aggregation, advantage estimators), each a small
 :class:`Algorithm` with its own config dataclass, registered by name::
 
+    from agents.learners import GRPOConfig, lookup_algorithm
+
     algorithm = lookup_algorithm("grpo")(GRPOConfig(clip_high=0.28), max_new_tokens=256)
 
 A new algorithm is a subclass of :class:`Algorithm` decorated with :func:`register_algorithm`.
