@@ -74,10 +74,17 @@ def reinforce_pp_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
            reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with mean and (population) variance over the trained tokens of the
-    whole batch; 0 on untrained positions. ``reduce_sum`` sums a tensor over data-parallel ranks, each
-    holding a share of the batch (the training backend's ``all_reduce_sum``), so that the statistics
-    are the whole batch's; ``None``: this process holds it all.
+    """(x - mean) / sqrt(var + eps) with mean and variance over the trained tokens of the whole batch; 0
+    on untrained positions.
+
+    The variance is the population one (divided by the n trained tokens), as OpenRLHF's advantage
+    normalisation computes it; verl's ``masked_whiten`` is Bessel-corrected (divided by n - 1), so its
+    whitened values are sqrt((n - 1) / n) times these: a difference below 0.1 % from a thousand trained
+    tokens on, but not zero on small test batches.
+
+    ``reduce_sum`` sums a tensor over data-parallel ranks, each holding a share of the batch (the
+    training backend's ``all_reduce_sum``), so that the statistics are the whole batch's; ``None``:
+    this process holds it all.
 
     Batch-wide statistics (not per row, not per group) are REINFORCE++'s normalisation: they keep the
     scale of the update fixed while the reward's scale drifts, without the per-prompt std division that

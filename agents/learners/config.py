@@ -31,7 +31,8 @@ class AlgorithmConfig:
         kl_in_reward: KL in the token reward (PPO's and REINFORCE++'s way) instead of a loss term (GRPO's).
         entropy_coef: entropy bonus.
         loss_agg_mode: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` or
-            ``seq-mean-token-sum-norm``.
+            ``seq-mean-token-sum-norm`` (Dr. GRPO's: divided by rows x budget, where verl's mode of
+            that name divides by the budget alone; :func:`agents.learners.core.aggregate`).
         tis_cap: token-level truncated importance sampling against the rollout engine's log-probs: each
             trained token's policy-gradient loss is weighted by ``min(π_old / π_engine, tis_cap)``
             (:func:`agents.learners.core.rollout_correction`). ``None``: the rollout engine's default,

@@ -1,11 +1,11 @@
 """The loss terms every learner shares: clipped surrogate, KL estimators, entropy, clipped value loss,
 and loss aggregation over trained tokens with global denominators.
 
-Conventions (see ``agents/batch.py``): per-token tensors are (B, T) and aligned with ``input_ids``;
-``mask`` is the trained-on mask (agent tokens the learner trains on), as bool or 0/1 floats. Every
-statistic is over trained tokens only, and masked positions are selected away with ``torch.where``
-rather than multiplied by 0: a pad position may hold ``-inf`` or garbage, and ``inf * 0`` is NaN in
-the forward pass and in the backward pass alike.
+Conventions (see :class:`~agents.rollout.batch.TrainBatch`): per-token tensors are (B, T) and aligned
+with ``input_ids``; ``mask`` is the trained-on mask (agent tokens the learner trains on), as bool or 0/1
+floats. Every statistic is over trained tokens only, and masked positions are selected away with
+``torch.where`` rather than multiplied by 0: a pad position may hold ``-inf`` or garbage, and
+``inf * 0`` is NaN in the forward pass and in the backward pass alike.
 """
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ __all__ = [
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-"""Loss aggregation modes (the names verl uses for the same four reductions)."""
+"""Loss aggregation modes, named as verl's ``loss_agg_mode`` names them. Three are verl's formulas (with
+denominators counted over the whole batch, :class:`BatchCounts`); ``seq-mean-token-sum-norm`` is not: it
+divides by rows x budget (Dr. GRPO, TRL's ``dr_grpo``), verl by the budget alone (see :func:`aggregate`)."""
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """Schulman's estimators of KL(policy || reference) from one sample of the policy."""
@@ -91,6 +93,12 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, counts: BatchCo
     * ``seq-mean-token-sum``: each row's token sum, summed / ``counts.sequences``.
     * ``seq-mean-token-sum-norm``: all token sums / (``counts.sequences`` x ``counts.norm_length``)
       (Dr. GRPO: a constant per-token weight, free of the length bias of the two means above).
+      This is Dr. GRPO's and TRL's ``dr_grpo`` (sum / (batch size x max completion length)), not
+      verl's mode of the same name, which divides the sum by the (padded) budget alone: for a batch of
+      B rows verl's loss and gradient are B times these. Adam's steps hardly see a constant factor,
+      but a gradient-norm clip (``optim.max_grad_norm``) and the logged loss do. Dividing by the rows
+      too keeps the loss's scale, like the three modes above, independent of how many episodes a step
+      plays.
 
     A row's own token count is exact inside a micro-batch (rows are never split), which is why only
     the batch-wide denominators have to be passed in.

@@ -44,7 +44,9 @@ class PPOConfig(AlgorithmConfig):
         critic_warmup_steps: the same in training steps (use one of the two).
         vf_coef: weight of the value loss in the policy's loss when ``critic="head"``.
         value_clip: clip range of the value prediction around the rollout's values (None: unclipped).
-        whiten_advantages: normalise GAE advantages over the batch's trained tokens (verl does).
+        whiten_advantages: normalise GAE advantages over the batch's trained tokens (verl does, with
+            the Bessel-corrected variance where :func:`~agents.learners.advantages.whiten` takes the
+            population one).
     """
 
     group_size: int = 1  # Search-R1 PPO: one sample per question (n_agent=1)
