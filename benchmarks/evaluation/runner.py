@@ -205,7 +205,7 @@ def episode_record(identity: Mapping[str, Any], example: QAExample, trajectory: 
         **identity, "example_id": example.id, "question": example.question, "golden_answers": list(example.golden_answers),
         "prediction": answer, "metrics": metrics, "reward_preset": reward[0],
         "reward_range": list(reward[1]) if reward[1] is not None else None,
-        "reward_components": _plain(trajectory.reward_components), "end_reason": trajectory.end_reason,
+        "reward_components": _json_data(trajectory.reward_components), "end_reason": trajectory.end_reason,
         "counters": dict(trajectory.counters),
         "tool_calls": [{"turn": c.turn, "kind": c.kind, "content": c.content, "sources": list(c.sources), "k": c.k,
                         "passage_ids": list(c.passage_ids), "error": c.error} for c in trajectory.tool_calls],
@@ -217,6 +217,6 @@ def episode_record(identity: Mapping[str, Any], example: QAExample, trajectory: 
     return record
 
 
-def _plain(value: Any) -> Any:
+def _json_data(value: Any) -> Any:
     """``value`` as JSON data (numpy numbers become Python ones, anything else unknown its text)."""
     return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
