@@ -35,8 +35,8 @@ same plan therefore always gives the same result block, so the same seed and the
 same episode however the sources' latencies fall. Times are seconds since the run began
 (``time.perf_counter``), for the trajectory record.
 
-This module runs past 450 lines on purpose: the run's result types, the source table and the
-scheduler are one algorithm, read together.
+The run's result types, the source table and the scheduler stay in this one module: they are one
+algorithm, and each is read with the others.
 """
 from __future__ import annotations
 
