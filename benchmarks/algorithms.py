@@ -549,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if seed not in warm_starts:
                 warm = warm_starts[seed] = cached_warm_start(base.updated({"run.seed": seed}), args.cache_dir)
                 made = "reused from the cache" if warm.reused else "made"
-                loss = [warm.stats.get(f"sft/loss_{end}", float("nan")) for end in ("first", "last")]
+                loss = [warm.stats.get(f"warm_start/loss_{end}", float("nan")) for end in ("first", "last")]
                 print(f"seed {seed}: warm start {made} ({warm.policy_dir}; {warm.seconds / 60:.1f} min when made, loss "
                       f"{loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
             config = config.updated({"model.name": str(warm_starts[seed].policy_dir)})

@@ -34,10 +34,10 @@ to sampling noise (at lr 1e-6 a few updates leave both policies where they start
 learning-rate decay against our constant rate changes no cost).
 
 A random initial policy rarely closes a search tag, so by default the policy is first warm-started
-(:func:`agents.training.warm_start.warm_start` on scripted demonstrations, ``--sft-steps``; ``--sft-cache FILE`` keeps
+(:func:`agents.training.warm_start.warm_start` on scripted demonstrations, ``--warm-start-steps``; ``--sft-cache FILE`` keeps
 the weights for the next run) and episodes are multi-turn, as in training: after 120 steps about one
 search and 26 agent tokens per episode on the demo task (one minute of warm start), 1.4 searches and 34
-agent tokens on search-r1 (several minutes). ``--sft-steps 0`` measures from the random policy instead
+agent tokens on search-r1 (several minutes). ``--warm-start-steps 0`` measures from the random policy instead
 (single-turn episodes that run to the token budget).
 
 Run: ``python -m benchmarks.grpo_step_vs_trl`` (``--help`` for options); needs the ``trl`` extra.
@@ -66,7 +66,7 @@ from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory
 
 TARGET_X = 1.5  #: ours must take at most 1 / TARGET_X of TRL's time per step
-SFT_BATCH = 16  #: demonstrations per warm-start step
+WARM_START_BATCH = 16  #: demonstrations per warm-start step
 PROG = "python -m benchmarks.grpo_step_vs_trl"
 
 
@@ -114,8 +114,8 @@ def build_ours(args: argparse.Namespace, output_dir: str) -> Trainer:
         "optim.update_epochs": 1, "optim.mini_batch_size": 0, "algorithm.kl_coef": args.kl_coef,
         "algorithm.kl_estimator": "k3", "algorithm.entropy_coef": 0.0, "algorithm.loss_agg_mode": "token-mean",
         "algorithm.scale_rewards": True, "algorithm.clip_low": 0.2, "algorithm.clip_high": 0.2,
-        "optim.max_grad_norm": 1.0, "optim.weight_decay": 0.0, "warm_start.steps": args.sft_steps,
-        "warm_start.batch_size": SFT_BATCH, "eval.questions": 0, "eval.every": 0, "run.save_every": 0,
+        "optim.max_grad_norm": 1.0, "optim.weight_decay": 0.0, "warm_start.steps": args.warm_start_steps,
+        "warm_start.batch_size": WARM_START_BATCH, "eval.questions": 0, "eval.every": 0, "run.save_every": 0,
         "run.report_to": [], "run.progress": False, "run.output_dir": output_dir, "run.num_threads": 1,
         "rollout.env_worker": False,
     }
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as workdir:  # models, TRL's output dir
         ours = build_ours(args, os.path.join(workdir, "ours"))
         config = ours.config
-        if args.sft_steps > 0:
+        if args.warm_start_steps > 0:
             warm_started(ours.backend, config, ours.env, args.sft_cache)
         first = ours.env.envs[0]
         examples = first.examples
@@ -213,7 +213,7 @@ def _settings_line(args: argparse.Namespace) -> str:
     return (f"One GRPO step on the {args.task} task: ours vs TRL {trl_package.__version__} GRPOTrainer (rollout_func), "
             f"{args.prompts} questions x {args.group} samples, <= {args.max_new_tokens} agent tokens per episode, "
             f"micro-batch {args.micro_batch}, lr {args.lr:g}, T={args.temperature:g}, KL {args.kl_coef:g}, "
-            f"SFT warm start {args.sft_steps} steps, fp32, 1 torch thread")
+            f"warm start {args.warm_start_steps} steps, fp32, 1 torch thread")
 
 
 def report(trl: Sequence[StepRecord], ours: Sequence[StepRecord], args: argparse.Namespace) -> str:
@@ -258,7 +258,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (TRL's default)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL to the reference (k3) in both; 0: off")
-    parser.add_argument("--sft-steps", type=int, default=120,
+    parser.add_argument("--warm-start-steps", type=int, default=120,
                         help="warm-start steps before timing, enough for multi-turn episodes (0: the random policy)")
     parser.add_argument("--sft-cache", default=None,
                         help="file keeping the warm-started weights between runs (made on the first run)")

@@ -194,11 +194,11 @@ class LearningCurve(Callback):
         self.log(f"seed {self.run.seed} {stage}: " + ", ".join(f"{mode} EM {r.em:.3f}" for mode, r in results.items()))
 
     def on_log(self, trainer: Trainer, step: int, record: Mapping[str, Any]) -> None:
-        if record.get("stage") == "warm start" and "sft/loss_first" in record:
-            copy = (f"copy warm-up loss -> {record['sft/copy_loss_last']:.3f}; "
-                    if record.get("sft/copy_loss_last") == record.get("sft/copy_loss_last") else "")  # NaN: none
-            self.log(f"seed {self.run.seed} warm start: {copy}{record['sft/steps']:.0f} steps, loss "
-                     f"{record['sft/loss_first']:.3f} -> {record['sft/loss_last']:.3f}; {self.run.warm_start_minutes:.2f} min "
+        if record.get("stage") == "warm start" and "warm_start/loss_first" in record:
+            copy = (f"copy warm-up loss -> {record['warm_start/copy_loss_last']:.3f}; "
+                    if record.get("warm_start/copy_loss_last") == record.get("warm_start/copy_loss_last") else "")  # NaN: none
+            self.log(f"seed {self.run.seed} warm start: {copy}{record['warm_start/steps']:.0f} steps, loss "
+                     f"{record['warm_start/loss_first']:.3f} -> {record['warm_start/loss_last']:.3f}; {self.run.warm_start_minutes:.2f} min "
                      f"(cpu {self.run.warm_start_cpu_minutes:.2f}), load {os.getloadavg()[0]:.1f}")
 
     def on_run_end(self, trainer: Trainer, result: TrainResult) -> None:

@@ -48,10 +48,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--runs", type=int, default=9, help="rollouts measured (the median is reported)")
     demo = demo_config()
-    parser.add_argument("--sft-steps", type=int, default=demo.warm_start.steps,
+    parser.add_argument("--warm-start-steps", type=int, default=demo.warm_start.steps,
                         help="warm-start steps of the demo policy, as the demo takes (0: untrained)")
-    parser.add_argument("--sft-examples", type=int, default=demo.warm_start.examples, help="demonstrations for the warm start")
-    parser.add_argument("--sft-copy-steps", type=int, default=demo.warm_start.copy_steps, help="copy warm-up steps before it")
+    parser.add_argument("--warm-start-examples", type=int, default=demo.warm_start.examples, help="demonstrations for the warm start")
+    parser.add_argument("--warm-start-copy-steps", type=int, default=demo.warm_start.copy_steps, help="copy warm-up steps before it")
     parser.add_argument("--policy-cache", help="load the warm-started policy from this file, or warm start and save it there")
     parser.add_argument("--cache-size", type=int, default=0, help="the environment's search cache (0: none, as the demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -61,8 +61,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     config = demo.updated({
         "run.seed": args.seed, "run.num_threads": args.threads, "eval.questions": 0, "rollout.env_worker": False,
-        "warm_start.examples": args.sft_examples, "warm_start.copy_steps": args.sft_copy_steps,
-        "warm_start.steps": args.sft_steps, "run.report_to": [],
+        "warm_start.examples": args.warm_start_examples, "warm_start.copy_steps": args.warm_start_copy_steps,
+        "warm_start.steps": args.warm_start_steps, "run.report_to": [],
     })
     trainer = build_trainer(config)  # the policy, its backend and the training world; its own env is not stepped
     policy, first = trainer.policy, trainer.env.envs[0]

@@ -294,13 +294,13 @@ def grpo_step_vs_trl(options: Options, section: Section) -> None:
 
     if options.quick:
         argv = ["--task", "search-r1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--group", "2", "--max-new-tokens", "16",
-                "--micro-batch", "2", "--sft-steps", "0"]
+                "--micro-batch", "2", "--warm-start-steps", "0"]
     else:
         options.cache_dir.mkdir(parents=True, exist_ok=True)
         argv = ["--sft-cache", str(options.cache_dir / "grpo_step_vs_trl_sft.pt")]
     args = bench.parse_args(argv)
     section.settings = {"task": args.task, "questions x group": f"{args.prompts} x {args.group}", "agent tokens": args.max_new_tokens,
-                        "warm-start steps": args.sft_steps, "timed steps": args.steps, "warm-up steps": args.warmup}
+                        "warm-start steps": args.warm_start_steps, "timed steps": args.steps, "warm-up steps": args.warmup}
     trl_records, our_records = bench.run(args)
     sides = {"ours": our_records[args.warmup:], "TRL": trl_records[args.warmup:]}
     for part, field in (("rollout", "rollout_s"), ("update", "update_s"), ("whole step", "total_s")):

@@ -31,14 +31,14 @@ from agents.training.copy_warmup import copy_warmup
 from search_env import BatchEnv
 from search_env.data.example import QAExample
 
-__all__ = ["SFTResult", "WarmStartProgress", "warm_start", "sft_loss", "trained_token_logprobs"]
+__all__ = ["WarmStartResult", "WarmStartProgress", "warm_start", "warm_start_loss", "trained_token_logprobs"]
 
 #: Share of the steps over which the learning rate warms up linearly (then it decays on a cosine to 0).
 WARMUP_FRACTION = 0.05
 
 
 @dataclass
-class SFTResult:
+class WarmStartResult:
     """What a warm start did.
 
     Attributes:
@@ -59,15 +59,15 @@ class SFTResult:
         """Scalars for logs: first and last loss, the demonstrations' make-up, speed."""
         demos = self.demonstrations
         return {
-            "sft/loss_first": self.losses[0] if self.losses else float("nan"),
-            "sft/loss_last": self.losses[-1] if self.losses else float("nan"),
-            "sft/steps": float(len(self.losses)),
-            "sft/demonstrations": float(len(demos.trajectories)),
-            "sft/demo_second_hop_share": demos.second_hop_share,
-            "sft/demo_reward": demos.mean_reward,
-            "sft/seconds": self.seconds,
-            "sft/trained_tokens_per_s": self.trained_tokens_per_s,
-            "sft/copy_loss_last": self.copy_losses[-1] if self.copy_losses else float("nan"),
+            "warm_start/loss_first": self.losses[0] if self.losses else float("nan"),
+            "warm_start/loss_last": self.losses[-1] if self.losses else float("nan"),
+            "warm_start/steps": float(len(self.losses)),
+            "warm_start/demonstrations": float(len(demos.trajectories)),
+            "warm_start/demo_second_hop_share": demos.second_hop_share,
+            "warm_start/demo_reward": demos.mean_reward,
+            "warm_start/seconds": self.seconds,
+            "warm_start/trained_tokens_per_s": self.trained_tokens_per_s,
+            "warm_start/copy_loss_last": self.copy_losses[-1] if self.copy_losses else float("nan"),
         }
 
 
@@ -103,7 +103,7 @@ class WarmStartProgress:
         return cls(**state)
 
 
-def sft_loss(logprobs: torch.Tensor, trained_mask: torch.Tensor, total_trained: float) -> torch.Tensor:
+def warm_start_loss(logprobs: torch.Tensor, trained_mask: torch.Tensor, total_trained: float) -> torch.Tensor:
     """Negative log-likelihood of the trained tokens, summed and divided by ``total_trained``, the trained
     tokens of the whole batch (so micro-batch losses add up to the batch's per-token mean)."""
     return -(logprobs * trained_mask).sum() / total_trained
@@ -117,7 +117,7 @@ def warm_start(
     *,
     progress: WarmStartProgress | None = None,
     save: Callable[[WarmStartProgress], None] | None = None,
-) -> SFTResult:
+) -> WarmStartResult:
     """Clone ``warm_start.examples`` demonstrations into ``backend.policy`` with ``warm_start.steps``
     optimiser steps of the backend (:meth:`~agents.training.backend.TrainingBackend.supervised`: a fresh
     AdamW of its own, the backend's gradient clipping and non-finite-gradient guard).
@@ -151,7 +151,7 @@ def warm_start(
 
 
 def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, examples: Sequence[QAExample] | None,
-                progress: WarmStartProgress | None, save: Callable[[WarmStartProgress], None] | None) -> SFTResult:
+                progress: WarmStartProgress | None, save: Callable[[WarmStartProgress], None] | None) -> WarmStartResult:
     options = config.warm_start
     policy, seed = backend.policy, config.run.seed
     single = env.make_env() if isinstance(env, BatchEnv) else env
@@ -197,7 +197,7 @@ def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, example
                 for mb in batch.micro_batches(max(config.optim.micro_batch_size, 1)):
                     mb_trained = mb.trained_mask.to(device)
                     logprobs = score(mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb_trained)
-                    loss = sft_loss(logprobs, mb_trained, total)
+                    loss = warm_start_loss(logprobs, mb_trained, total)
                     backend.backward(loss)
                     loss_value += loss.item()
                 backend.step()
@@ -210,7 +210,7 @@ def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, example
     finally:
         policy.train(was_training)
     seconds = seconds_before + time.perf_counter() - started
-    return SFTResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9), copy_losses)
+    return WarmStartResult(losses, demos, seconds, trained_tokens / max(seconds, 1e-9), copy_losses)
 
 
 Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -201,12 +201,12 @@ def test_a_warm_start_on_real_format_data_without_decompositions(tmp_path, capsy
             "--run.output_dir", str(tmp_path / "run")]
     assert main(argv) == 0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    warm = [r for r in metrics if "sft/steps" in r]
-    assert warm and warm[0]["sft/steps"] == 2 and warm[0]["sft/demo_reward"] == 1.0
+    warm = [r for r in metrics if "warm_start/steps" in r]
+    assert warm and warm[0]["warm_start/steps"] == 2 and warm[0]["warm_start/demo_reward"] == 1.0
 
 
 #: Keys of a log record that measure time; everything else a run logs is a result of its steps.
-TIME_KEYS = ("time/", "tokens_per_s", "sft/seconds", "sft/trained_tokens_per_s")
+TIME_KEYS = ("time/", "tokens_per_s", "warm_start/seconds", "warm_start/trained_tokens_per_s")
 
 
 @pytest.mark.slow  # two short runs of the demo recipe (its world built twice), one beside two busy processes
@@ -233,5 +233,5 @@ def test_the_demo_command_logs_the_same_steps_on_a_quiet_and_a_busy_machine(tmp_
 
     quiet, busy = logged(tmp_path / "quiet", 0), logged(tmp_path / "busy", 2)
     assert [(r["step"], r.get("stage")) for r in quiet] == [(0, "start"), (0, "warm start"), (1, None), (2, None), (3, None), (3, "final")]
-    assert any("eval/greedy/1-hop/em" in r for r in quiet) and any("sft/loss_last" in r for r in quiet)
+    assert any("eval/greedy/1-hop/em" in r for r in quiet) and any("warm_start/loss_last" in r for r in quiet)
     assert busy == quiet

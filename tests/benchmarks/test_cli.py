@@ -388,20 +388,20 @@ def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only
     from benchmarks.rollout_overhead import main
 
     cache = str(tmp_path / "policy.pt")
-    args = ["--runs", "1", "--sft-examples", "4", "--sft-copy-steps", "2", "--policy-cache", cache]
-    first = main(args + ["--sft-steps", "1", "--output-dir", str(tmp_path)])
+    args = ["--runs", "1", "--warm-start-examples", "4", "--warm-start-copy-steps", "2", "--policy-cache", cache]
+    first = main(args + ["--warm-start-steps", "1", "--output-dir", str(tmp_path)])
     lines, saved, rows = _written(tmp_path, "rollout_overhead",
-                                  "python -m benchmarks.rollout_overhead " + " ".join(args + ["--sft-steps", "1", "--output-dir", str(tmp_path)]))
+                                  "python -m benchmarks.rollout_overhead " + " ".join(args + ["--warm-start-steps", "1", "--output-dir", str(tmp_path)]))
     assert [(r["mode"], r["run"]) for r in rows] == [("in-process", "0"), ("worker", "0")]
     assert float(rows[1]["total_s"]) == first["runs"]["worker"][0]["total_s"] == saved["median"]["worker"]["total_s"]
     assert saved["judged"] == first["judged"] and saved["args"]["runs"] == 1
     assert any(line.startswith("| worker | ") for line in lines)
     assert f"env + search = {first['env_plus_search']:.2%} of rollout time, {first['judged']} as the demo steps it" in "\n".join(lines)
-    again = main(args + ["--sft-steps", "1"])  # loads the cached policy: the same seeded rollout follows
+    again = main(args + ["--warm-start-steps", "1"])  # loads the cached policy: the same seeded rollout follows
     for mode in ("in-process", "worker"):
         assert again["runs"][mode][0]["agent_tokens_mean"] == first["runs"][mode][0]["agent_tokens_mean"]
         assert again["runs"][mode][0]["reward_mean"] == first["runs"][mode][0]["reward_mean"]
     assert first["runs"]["worker"][0]["worker_busy"] > 0 and first["runs"]["worker"][0]["time_search"] == 0
     with pytest.raises(SystemExit) as exit_info:
-        main(args + ["--sft-steps", "2"])
+        main(args + ["--warm-start-steps", "2"])
     assert exit_info.value.code == 2 and "made with other settings" in capsys.readouterr().err

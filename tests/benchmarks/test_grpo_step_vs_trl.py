@@ -94,7 +94,7 @@ def test_step_clock_times_each_step_and_calls_between_in_order():
 
 def test_benchmark_runs_both_sides_on_the_same_work(capsys):
     args = ["--steps", "1", "--warmup", "1", "--prompts", "2", "--group", "2", "--max-new-tokens", "8",
-            "--micro-batch", "2", "--sft-steps", "0"]
+            "--micro-batch", "2", "--warm-start-steps", "0"]
     trl_records, our_records = grpo_step_vs_trl.run(grpo_step_vs_trl.parse_args(args))
     assert len(trl_records) == len(our_records) == 2
     for trl_step, our_step in zip(trl_records, our_records):

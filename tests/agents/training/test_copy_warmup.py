@@ -73,7 +73,7 @@ def test_the_warm_start_runs_it_first_on_the_demonstrations_ids():
                                     "warm_start.learning_rate": 1e-3, "warm_start.batch_size": 4, "run.progress": False})
     result = warm_start(TorchBackend(policy, config), config, env)
     assert len(result.copy_losses) == 3 and len(result.losses) == 2
-    assert result.as_dict()["sft/copy_loss_last"] == result.copy_losses[-1]
+    assert result.as_dict()["warm_start/copy_loss_last"] == result.copy_losses[-1]
     config = config.updated({"warm_start.steps": 1, "warm_start.copy_steps": 0, "warm_start.examples": 4})
     assert warm_start(TorchBackend(policy, config), config, env).copy_losses == []
 

@@ -241,10 +241,10 @@ def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(defau
     for key, value in expected.items():
         assert torch.equal(value, got[key]), key
     assert result.evaluations == never_stopped[1].evaluations
-    sft = {k: v for r in logged if r.get("stage") == "warm start" for k, v in r.items() if k.startswith("sft/") and "second" not in k and "per_s" not in k}
-    expected_sft = {k: v for r in records(never_stopped[1].metrics_path) if r.get("stage") == "warm start"
-                    for k, v in r.items() if k.startswith("sft/") and "second" not in k and "per_s" not in k}
-    assert sft == expected_sft and sft["sft/steps"] == 5
+    warm = {k: v for r in logged if r.get("stage") == "warm start" for k, v in r.items() if k.startswith("warm_start/") and "second" not in k and "per_s" not in k}
+    expected_warm = {k: v for r in records(never_stopped[1].metrics_path) if r.get("stage") == "warm start"
+                     for k, v in r.items() if k.startswith("warm_start/") and "second" not in k and "per_s" not in k}
+    assert warm == expected_warm and warm["warm_start/steps"] == 5
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
@@ -295,7 +295,7 @@ def test_a_stopped_command_goes_on_from_its_last_warm_start_checkpoint(tmp_path,
     from agents.train import parse_config
 
     warm_starts = []
-    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(self.warm_start_progress.step) or {"sft/steps": 0.0})
+    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(self.warm_start_progress.step) or {"warm_start/steps": 0.0})
     _, result = run(parse_config([*flags, "--run.resume", "true"]))
     assert warm_starts == [at] and result.step == 1
     assert [r.get("stage") for r in records(result.metrics_path)].count("start") == 1  # not evaluated again

@@ -169,7 +169,7 @@ def test_warm_start_runs_before_rl_and_becomes_the_reference(tmp_path):
         assert torch.equal(value, twin.policy.state_dict()[key]), key
     logged = records(result.metrics_path)
     assert [(r["step"], r.get("stage")) for r in logged] == [(0, "start"), (0, "warm start"), (1, None), (1, "final")]
-    assert logged[1]["sft/steps"] == 2 and logged[1]["sft/demonstrations"] == 4
+    assert logged[1]["warm_start/steps"] == 2 and logged[1]["warm_start/demonstrations"] == 4
     assert set(result.evaluations) == {"start", "warm start", "final"}
 
 

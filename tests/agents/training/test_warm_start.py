@@ -15,7 +15,7 @@ from agents.scripted.demonstrations import make_demonstrations  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy  # noqa: E402
 from agents.rollout.batch import build_batch  # noqa: E402
-from agents.training.warm_start import _lr_factor, sft_loss, trained_token_logprobs, warm_start  # noqa: E402
+from agents.training.warm_start import _lr_factor, warm_start_loss, trained_token_logprobs, warm_start  # noqa: E402
 from search_env import SearchQAEnv  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def _warm_start(policy, config, env):
 def test_loss_is_the_mean_negative_log_prob_of_trained_tokens():
     logprobs = torch.tensor([[0.0, -1.0, -2.0, -3.0], [0.0, -0.5, -4.0, 0.0]], requires_grad=True)
     mask = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
-    loss = sft_loss(logprobs, mask, total_trained=3.0)
+    loss = warm_start_loss(logprobs, mask, total_trained=3.0)
     assert loss.item() == pytest.approx((1.0 + 3.0 + 0.5) / 3)
     loss.backward()
     # Only trained tokens get a gradient, each -1/3.
@@ -60,7 +60,7 @@ def test_environment_tokens_carry_no_loss(env):
     logprobs = policy(batch.input_ids, batch.attention_mask, batch.position_ids).logprobs
     total = float(batch.trained_mask.sum())
     shuffled = torch.where(batch.trained_mask.bool(), logprobs, torch.randn_like(logprobs) * 10)
-    assert sft_loss(logprobs, batch.trained_mask, total).item() == pytest.approx(sft_loss(shuffled, batch.trained_mask, total).item())
+    assert warm_start_loss(logprobs, batch.trained_mask, total).item() == pytest.approx(warm_start_loss(shuffled, batch.trained_mask, total).item())
 
 
 def test_learning_rate_warms_up_then_decays_on_a_cosine():
@@ -80,7 +80,7 @@ def test_warm_start_lowers_the_loss_and_is_seeded(env):
     assert len(result.losses) == 25
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 2.0  # nats per trained token
     stats = result.as_dict()
-    assert stats["sft/demonstrations"] == 48 and stats["sft/loss_last"] == result.losses[-1]
+    assert stats["warm_start/demonstrations"] == 48 and stats["warm_start/loss_last"] == result.losses[-1]
     again = _policy(env)
     _warm_start(again, config, env)
     for p, q in zip(policy.parameters(), again.parameters()):
