@@ -1,5 +1,7 @@
-"""The answer turn side by side with GEM: the step that closes an answer and scores it, ours against
-GEM's ``ToolEnvWrapper.step``, on the same text, in rounds that alternate so both run under the same load.
+"""The answer turn (the step that closes an answer and scores it): ours against GEM's, side by side.
+
+Ours against GEM's ``ToolEnvWrapper.step``, on the same text, in rounds that alternate so both run under
+the same load.
 
 The turn: the agent's last text, ``<answer> X </answer>`` by default, after a prompt.
 GEM (axon-rl's General Experience Maker) takes it as text: its ``ToolEnvWrapper`` offers it to its

@@ -1,6 +1,7 @@
-"""Step time and memory per rank of one update of a tiny policy (about 50M parameters): one process with
-the torch backend, then 2 ranks under DeepSpeed ZeRO-2 and ZeRO-3 (torchrun, gloo on a CPU), on the same
-global batch, side by side::
+"""Step time and memory per rank of one update: one process, then 2 ranks under DeepSpeed ZeRO-2 and ZeRO-3.
+
+The update is one of a tiny policy (about 50M parameters): one process with the torch backend, then 2
+ranks under DeepSpeed ZeRO-2 and ZeRO-3 (torchrun, gloo on a CPU), on the same global batch, side by side::
 
     python -m benchmarks.data_parallel [--hidden 640 --layers 10] [--output-dir DIR]
 
@@ -74,7 +75,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from agents.learners.registry import lookup_algorithm
     from agents.policies.loading import load_policy
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.config import TrainConfig
     from agents.training.update import by_length, score_batch, update_batch
     from tests.agents.training.ds_equivalence import global_batch

@@ -10,6 +10,9 @@ Agents (--agents, several side by side):
   hf:MODEL or a model folder                a local transformers model or a trained run's policy/ folder
                                             (hf:tiny, hf:smollm2 too), sampled with the HF sampler
   endpoint:URL#MODEL                        an OpenAI-compatible completions server (key: --api-key-env)
+  ENGINE:MODEL                              any registered rollout engine over a model, as training builds
+                                            it: vllm:MODEL, or one a module given to --import registers;
+                                            its options: --engine-option ENGINE.FIELD=VALUE
   module:Name                               a scripted agent class (start, next_text) or a RolloutAgent
                                             class or factory (begin, generate, feed, finish)
   BASELINE:LLM                              an LLM baseline of the papers' tables (agents.baselines):
@@ -42,6 +45,7 @@ Run: python -m benchmarks.evaluate [--episodes 100] [--protocols search-r1 resea
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -53,14 +57,14 @@ from rewards.models import LLMJudge, ModelCallError
 from search_env import BatchSearchQAEnv
 from search_env.console import HelpFormatter
 
+from benchmarks.common.report_files import command_line, replace_generated_section
 from benchmarks.evaluation import HarnessError
-from benchmarks.evaluation.agent_specs import SCRIPTED, AgentOptions, Decoding, agent_from_object, parse_agent
+from benchmarks.evaluation.agent_specs import SCRIPTED, AgentOptions, Decoding, agent_from_object, options_of_engine, parse_agent
 from benchmarks.evaluation.datasets import DATASET_FILES, SYNTHETIC, WORLD_SEED, Dataset, load_datasets
 from benchmarks.evaluation.report import print_legend, print_table, summarize, table_rows, to_markdown, write_chart, write_csv
 from benchmarks.evaluation.retrieval import RETRIEVERS, Retrieval, RetrievalOptions
 from benchmarks.evaluation.runner import EnvOptions, Plan, play, run
 from benchmarks.evaluation.store import EPISODES_FILE, EpisodeLog, check_settings
-from benchmarks.common.report_files import command_line, replace_generated_section
 
 __all__ = ["evaluate", "main", "print_table"]
 
@@ -98,9 +102,11 @@ def evaluate(protocol: str, agent: str | type, episodes: int, seed: int = 0, **e
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate", description=__doc__, formatter_class=HelpFormatter)
     what = parser.add_argument_group("what to evaluate")
-    what.add_argument("--agents", "--agent", nargs="+", default=list(SCRIPTED), metavar="AGENT",
-                      help="scripted names, hf:MODEL, a model folder, endpoint:URL#MODEL, module:Name or BASELINE:LLM")
-    what.add_argument("--dataset", "--datasets", nargs="+", default=[SYNTHETIC], metavar="DATASET",
+    what.add_argument("--agents", nargs="+", default=list(SCRIPTED), metavar="AGENT",
+                      help="scripted names, hf:MODEL, a model folder, endpoint:URL#MODEL, ENGINE:MODEL, module:Name or BASELINE:LLM")
+    what.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                      help="import MODULE first (the rollout engines, protocols and rewards it registers can then be named)")
+    what.add_argument("--dataset", nargs="+", default=[SYNTHETIC], metavar="DATASET",
                       help=f"{SYNTHETIC}, a short name ({', '.join(DATASET_FILES)}) or a FlashRAG jsonl / Search-R1 parquet path")
     what.add_argument("--data-dir", type=Path, default=None,
                       help="folder of the short-named datasets (unset: $SEARCHQA_DATA, else ../shared/data)")
@@ -135,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("--tokenizer", default=None,
                         help="tokenizer folder of the environments of agents without their own (an endpoint's model; "
                              "unset: the built-in one)")
+    models.add_argument("--engine-option", dest="engine_option", action="append", default=[], metavar="ENGINE.FIELD=VALUE",
+                        help="an option of a rollout engine's agents (VALUE read as JSON, else as a string), e.g. "
+                             "vllm.memory_fraction=0.5; repeat for more")
     models.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding endpoints' and the judge's API key")
     models.add_argument("--judge-url", default=None, help="an OpenAI-compatible server whose model judges every answer")
     models.add_argument("--judge-model", default=None, help="the judge's model name (with --judge-url)")
@@ -188,6 +197,28 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(str(exc))
 
 
+def _engine_options(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, dict[str, Any]]:
+    """``--engine-option ENGINE.FIELD=VALUE`` as ``{engine: {field: value}}``, each engine's checked against
+    its options class (one line for an unknown engine or field, or a bad value)."""
+    options: dict[str, dict[str, Any]] = {}
+    for item in given:
+        key, equals, text = item.partition("=")
+        engine, dot, name = key.partition(".")
+        if not equals or not dot or not engine or not name:
+            parser.error(f"--engine-option {item!r}: give ENGINE.FIELD=VALUE, e.g. vllm.memory_fraction=0.5")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        options.setdefault(engine, {})[name] = value
+    for engine in options:
+        try:
+            options_of_engine(engine, AgentOptions(engine_options=options))
+        except (ValueError, TypeError) as exc:  # an unknown engine or field, a bad value
+            parser.error(f"--engine-option: {exc}")
+    return options
+
+
 def _settings(args: argparse.Namespace, retrieval: Retrieval, datasets: list[Dataset]) -> dict[str, Any]:
     """What episodes' outcomes depend on beyond their key, checked when an output folder is resumed
     (the real-data retriever as a replay of it names it too, so recording, replaying and searching
@@ -196,7 +227,8 @@ def _settings(args: argparse.Namespace, retrieval: Retrieval, datasets: list[Dat
     real = any(dataset.world is None for dataset in datasets)
     return {"retrieval": retrieval.real_config() if real else None, "top_k": args.top_k, "max_turns": args.max_turns,
             "max_new_tokens": args.max_new_tokens, "max_context": args.max_context, "decoding": decoding,
-            "tokenizer": args.tokenizer, "dtype": args.dtype, "judge_model": args.judge_model}
+            "tokenizer": args.tokenizer, "dtype": args.dtype, "judge_model": args.judge_model,
+            "engine_options": args.engine_options or None}
 
 
 def _data_line(dataset: Dataset, retrieval: Retrieval, args: argparse.Namespace) -> str:
@@ -210,7 +242,13 @@ def _data_line(dataset: Dataset, retrieval: Retrieval, args: argparse.Namespace)
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = _parser()
     args = parser.parse_args(argv)
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            parser.error(f"--import {module}: {' '.join(str(exc).split())}")
     _check_arguments(parser, args)
+    args.engine_options = _engine_options(parser, args.engine_option)
     loaders = []
     for spec in args.agents:
         try:
@@ -234,13 +272,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         parser.error(str(exc))
 
     agent_options = AgentOptions(decoding=Decoding(args.sampled, args.temperature, args.top_p), device=args.device,
-                                 dtype=args.dtype, api_key_env=args.api_key_env)
+                                 dtype=args.dtype, api_key_env=args.api_key_env, max_context=args.max_context,
+                                 engine_options=args.engine_options)
+    try:
+        agents = [load(agent_options) for load in loaders]
+    except ValueError as exc:  # an engine's options that cannot go together (an endpoint's with --engine-option)
+        parser.error(str(exc))
     judge = None
     if args.judge_url is not None:
         judge = LLMJudge.http(args.judge_url, args.judge_model, api_key_env=args.api_key_env)
     env = EnvOptions(top_k=args.top_k, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                      max_context=args.max_context, tokenizer=args.tokenizer)
-    plan = Plan(datasets, args.protocols, [load(agent_options) for load in loaders], env, seed=args.seed,
+    plan = Plan(datasets, args.protocols, agents, env, seed=args.seed,
                 samples=args.sampled, batch_size=args.batch_size, judge=judge)
     try:
         log = EpisodeLog(args.output_dir / EPISODES_FILE if args.output_dir is not None else None)

@@ -34,8 +34,8 @@ to sampling noise (at lr 1e-6 a few updates leave both policies where they start
 learning-rate decay against our constant rate changes no cost).
 
 A random initial policy rarely closes a search tag, so by default the policy is first warm-started
-(:func:`agents.training.warm_start.warm_start` on scripted demonstrations, ``--warm-start-steps``; ``--sft-cache FILE`` keeps
-the weights for the next run) and episodes are multi-turn, as in training: after 120 steps about one
+(:func:`agents.training.warm_start.warm_start` on scripted demonstrations, ``--warm-start-steps``; ``--policy-cache DIR`` keeps
+the weights for the next run, :mod:`benchmarks.common.warm_start_cache`) and episodes are multi-turn, as in training: after 120 steps about one
 search and 26 agent tokens per episode on the demo task (one minute of warm start), 1.4 searches and 34
 agent tokens on search-r1 (several minutes). ``--warm-start-steps 0`` measures from the random policy instead
 (single-turn episodes that run to the token budget).
@@ -61,7 +61,7 @@ from agents.training.build import build_trainer
 from agents.training.config import TrainConfig
 from agents.training.trainer import Trainer
 from benchmarks.common.report_files import command_line, markdown_table, write_results
-from benchmarks.warm_cache import warm_started
+from benchmarks.common.warm_start_cache import warm_started
 from search_env import BatchSearchQAEnv
 from search_env.trajectory import Trajectory
 
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
         ours = build_ours(args, os.path.join(workdir, "ours"))
         config = ours.config
         if args.warm_start_steps > 0:
-            warm_started(ours.backend, config, ours.env, args.sft_cache)
+            warm_started(ours.backend, config, ours.env, args.policy_cache)
         first = ours.env.envs[0]
         examples = first.examples
         env = BatchSearchQAEnv(
@@ -260,8 +260,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL to the reference (k3) in both; 0: off")
     parser.add_argument("--warm-start-steps", type=int, default=120,
                         help="warm-start steps before timing, enough for multi-turn episodes (0: the random policy)")
-    parser.add_argument("--sft-cache", default=None,
-                        help="file keeping the warm-started weights between runs (made on the first run)")
+    parser.add_argument("--policy-cache", type=Path, default=None,
+                        help="folder of warm-started policies kept between runs, one per set of settings (made on the first run)")
     parser.add_argument("--seed", type=int, default=0, help="model init, world and sampling seed")
     parser.add_argument("--output-dir", type=Path, default=None, help="write grpo_step_vs_trl.md, .csv and .json here")
     args = parser.parse_args(argv)

@@ -1,5 +1,6 @@
-"""Recall of gold passages for BM25, dense and hybrid retrieval on the shared multi-hop QA sets, and
-the time to build the dense index of the shared corpus.
+"""Recall of gold passages for BM25, dense and hybrid retrieval on the shared multi-hop QA sets.
+
+It also times the build of the dense index of the shared corpus.
 
 Recall@k of a question is the fraction of its gold passages (``contexts[i].corpus_id`` where
 ``is_supporting``) among the retrieved ones; the table reports its mean over questions, and "all@k"
@@ -11,7 +12,7 @@ the fraction of questions with every gold passage retrieved. Two ways of searchi
   question with n steps thus sees up to n*k passages, against k for ``single``.
 
 ``--retrievers`` picks the systems; only what they need is built (BM25 alone never loads an
-encoder). The dense index is cached in ``--cache-dir`` (one folder per corpus and encoder) so
+encoder). The dense index is cached in ``--index-dir`` (one folder per corpus and encoder) so
 repeated runs skip encoding; its build (encoding + indexing) is timed once, on a fresh build, and
 set beside the time Search-R1's retrieval server took to build the index of the same corpus on this
 machine when the target was set: 800 s (``--peer-build-seconds``), a recorded figure quoted as such,
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="folder with corpus.jsonl and the QA sets")
     parser.add_argument("--retrievers", type=parse_retrievers, default=",".join(RETRIEVERS),
                         help=f"comma-separated subset of {','.join(RETRIEVERS)} (hybrid needs both others built)")
-    parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/searchqa_gym"), help="where the dense index is kept between runs")
+    parser.add_argument("--index-dir", type=Path, default=Path("~/.cache/searchqa_gym"), help="where the dense index is kept between runs")
     parser.add_argument("--rebuild", action="store_true", help="re-encode the corpus even when the cache holds its index (to time the build)")
     parser.add_argument("--encoder", default=None, help="dense encoder folder or name (unset: the offline all-MiniLM-L6-v2)")
     parser.add_argument("--index", choices=("flat", "hnsw", "ivf"), default="flat", help="faiss index type")
@@ -159,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         encoder = TransformersEncoder(args.encoder, precision=args.precision, batch_size=args.batch_size, workers=args.workers,
                                       backend=args.backend)
         key = hashlib.sha256(encoder.signature.encode()).hexdigest()[:10]
-        index_dir = args.cache_dir.expanduser() / "dense" / f"{corpus_path.stem}-{encoder.model_name}-{key}"
+        index_dir = args.index_dir.expanduser() / "dense" / f"{corpus_path.stem}-{encoder.model_name}-{key}"
         start = time.perf_counter()
         dense = built["dense"] = DenseSource(rows, encoder, index=args.index, index_dir=index_dir, rebuild=args.rebuild, name="dense")
         dense_seconds = time.perf_counter() - start

@@ -11,10 +11,10 @@ while the policy decodes the others. The episodes of the two are checked to be i
 comes from :class:`~agents.rollout.collect.RolloutTimings`; the medians are reported, and the target is judged
 on the way the demo steps its environment.
 
-    python -m benchmarks.rollout_overhead --runs 9 --policy-cache /tmp/demo_policy.pt --output-dir runs/rollout_overhead
+    python -m benchmarks.rollout_overhead --runs 9 --policy-cache ~/.cache/searchqa_gym/warm_starts --output-dir runs/rollout_overhead
 
-The warm start takes about five minutes; ``--policy-cache`` keeps its result for later runs, with the
-settings it was made with (a cache made with other settings is refused). ``--output-dir DIR`` writes the
+The warm start takes about five minutes; ``--policy-cache DIR`` keeps its result for later runs, one
+folder per set of settings (:mod:`benchmarks.common.warm_start_cache`). ``--output-dir DIR`` writes the
 medians as ``rollout_overhead.md``, every run as ``rollout_overhead.csv``, and both with the settings as
 ``rollout_overhead.json`` there.
 """
@@ -31,9 +31,9 @@ from typing import Sequence
 from agents.rollout.collect import collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
 from agents.training.build import build_trainer, env_options
-from benchmarks.learning import demo_config
 from benchmarks.common.report_files import command_line, markdown_table, write_results
-from benchmarks.warm_cache import warm_started
+from benchmarks.common.warm_start_cache import warm_started
+from benchmarks.learning import demo_config
 from search_env import BatchSearchQAEnv
 from search_env.worker import EnvWorker
 
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         help="warm-start steps of the demo policy, as the demo takes (0: untrained)")
     parser.add_argument("--warm-start-examples", type=int, default=demo.warm_start.examples, help="demonstrations for the warm start")
     parser.add_argument("--warm-start-copy-steps", type=int, default=demo.warm_start.copy_steps, help="copy warm-up steps before it")
-    parser.add_argument("--policy-cache", help="load the warm-started policy from this file, or warm start and save it there")
+    parser.add_argument("--policy-cache", type=Path, help="folder of warm-started policies kept between runs, one per set of settings")
     parser.add_argument("--cache-size", type=int, default=0, help="the environment's search cache (0: none, as the demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,7 @@
-"""Rollout throughput: the HF sampler and the vLLM engine side by side on the same model, questions and
-protocol, at several batch sizes: agent tokens per second and the shares of rollout time spent
-generating, in the environment and in search.
+"""Rollout throughput: the HF sampler and the vLLM engine side by side, at several batch sizes.
+
+Both run the same model, questions and protocol; the figures are agent tokens per second and the shares
+of rollout time spent generating, in the environment and in search.
 
 Run it with the vLLM virtualenv's Python (``bash .ci/vllm_venv.sh`` prints its folder)::
 

@@ -1,6 +1,7 @@
-"""One performance report: every speed benchmark under ``benchmarks/``, one after another in this process,
-with the machine, the median and spread of every figure, and the ratios against peers measured in the
-same run.
+"""One performance report: every speed benchmark, one after another in this process, with peer ratios.
+
+The report gives the machine, the median and spread of every figure, and the ratios against peers
+measured in the same run.
 
     python -m benchmarks.suite [--quick] [--only NAME ...] [--output-dir runs/suite] [--results-md benchmarks/RESULTS.md]
 
@@ -28,7 +29,7 @@ Peers are optional extras (``trl``, ``bench``, ``vllm`` ...), never needed by th
 ``--quick`` runs each benchmark at its smallest setting, BM25 only for retrieval (the Search-R1 stand-in
 serves a dense index, whose corpus encoding takes minutes), and skips the heavy ones: ``rollout_overhead``,
 ``data_parallel`` and ``rollout_throughput``. Outside it, benchmarks run at their own defaults, and what
-they cache (the dense index, the warm-started policies) is kept under ``--index-dir`` and ``--cache-dir``.
+they cache (the dense index, the warm-started policies) is kept under ``--index-dir`` and ``--policy-cache``.
 
 Writes ``report.json``, ``report.md`` and ``report.csv`` (one line per figure) into ``--output-dir`` after
 each benchmark (so a stopped suite leaves the report of what ran); exits with 1 when a benchmark failed.
@@ -93,14 +94,14 @@ class Options:
         quick: the smallest settings, heavy benchmarks skipped.
         corpus / questions: the retrieval benchmark's corpus and questions (jsonl).
         index_dir: where retrieval indexes are kept between runs.
-        cache_dir: where warm-started policies are kept between runs.
+        policy_cache: where warm-started policies are kept between runs, one folder per set of settings.
     """
 
     quick: bool
     corpus: Path
     questions: Path
     index_dir: Path
-    cache_dir: Path
+    policy_cache: Path
 
 
 def _needs(extra: str, *modules: str) -> None:
@@ -271,10 +272,8 @@ def rollout_overhead(options: Options, section: Section) -> None:
     _needs("agents", "torch", "transformers", "yaml")
     from benchmarks import rollout_overhead as bench
 
-    cache = options.cache_dir / "rollout_overhead_policy.pt"
-    options.cache_dir.mkdir(parents=True, exist_ok=True)
-    report = bench.main(["--runs", "5", "--policy-cache", str(cache)])
-    section.settings = {"runs": 5, "policy cache": str(cache)}
+    report = bench.main(["--runs", "5", "--policy-cache", str(options.policy_cache)])
+    section.settings = {"runs": 5, "policy cache": str(options.policy_cache)}
     for mode, runs in report["runs"].items():
         section.measures += [Measure(f"{mode}: rollout", "s", [r["total_s"] for r in runs], True),
                              Measure(f"{mode}: env + search share", "%", [100 * r["env_plus_search"] for r in runs], True),
@@ -296,8 +295,7 @@ def grpo_step_vs_trl(options: Options, section: Section) -> None:
         argv = ["--task", "search-r1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--group", "2", "--max-new-tokens", "16",
                 "--micro-batch", "2", "--warm-start-steps", "0"]
     else:
-        options.cache_dir.mkdir(parents=True, exist_ok=True)
-        argv = ["--sft-cache", str(options.cache_dir / "grpo_step_vs_trl_sft.pt")]
+        argv = ["--policy-cache", str(options.policy_cache)]
     args = bench.parse_args(argv)
     section.settings = {"task": args.task, "questions x group": f"{args.prompts} x {args.group}", "agent tokens": args.max_new_tokens,
                         "warm-start steps": args.warm_start_steps, "timed steps": args.steps, "warm-up steps": args.warmup}
@@ -424,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--questions", type=Path, default=_DATA / "hotpotqa_dev.jsonl",
                         help="the retrieval benchmark's queries (jsonl with a 'question' field)")
     parser.add_argument("--index-dir", type=Path, default=_CACHE / "throughput", help="where retrieval indexes are kept between runs")
-    parser.add_argument("--cache-dir", type=Path, default=_CACHE / "suite", help="where warm-started policies are kept between runs")
+    parser.add_argument("--policy-cache", type=Path, default=_CACHE / "suite",
+                        help="where warm-started policies are kept between runs, one folder per set of settings")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/suite"), help="report.json, report.md and report.csv")
     parser.add_argument("--results-md", type=Path, default=None, metavar="PATH",
                         help="also rewrite the generated section 'suite' of this markdown file (e.g. benchmarks/RESULTS.md) "
@@ -434,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--results-md: no folder {args.results_md.parent}")
     from benchmarks.common.machine import machine_info
 
-    options = Options(args.quick, args.corpus, args.questions, args.index_dir, args.cache_dir)
+    options = Options(args.quick, args.corpus, args.questions, args.index_dir, args.policy_cache)
     names = [name for name in BENCHMARKS if args.only is None or name in args.only]
     args.output_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import shlex
-import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from benchmarks.common.machine import machine_info, machine_line
+from search_env.files import write_atomically
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -152,8 +151,8 @@ def replace_generated_section(path: Path, name: str, markdown: str, *, command: 
     """Put ``markdown`` into the section ``name`` of the markdown file at ``path``, between its marker comments
     (``<!-- generated section NAME: begin ... -->`` and ``<!-- generated section NAME: end -->``): the section is
     replaced where the file has it, appended at its end where not, and the file made where it does not exist.
-    Every byte outside the markers is kept as it was, and the file is replaced in one step (a killed run
-    cannot leave hand-written history half-written).
+    Every byte outside the markers is kept as it was, and the file is replaced in one step
+    (:func:`search_env.files.write_atomically`: a killed run cannot leave hand-written history half-written).
 
     The section states what produced it: the date (default: now, UTC), the command (default: this
     process's, :func:`command_line`) and the machine (default: this one). That line follows the first line
@@ -184,9 +183,4 @@ def replace_generated_section(path: Path, name: str, markdown: str, *, command: 
         raise ValueError(f"{path} has the generated section {name!r} half-marked: its begin and end markers must both be there, in order")
     else:
         text += ("" if not text else "\n" if text.endswith("\n") else "\n\n") + block + "\n"
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(text.encode("utf-8"))
-    if path.exists():
-        shutil.copymode(path, temporary)
-    os.replace(temporary, path)
-    return path
+    return write_atomically(path, text.encode("utf-8"))

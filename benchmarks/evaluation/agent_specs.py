@@ -10,10 +10,15 @@ Every agent plays through :func:`agents.rollout.collect.collect_rollouts` as a
   ``endpoint:http://localhost:8000/v1#Qwen/Qwen2.5-3B-Instruct``); the LLM baselines
   (:mod:`agents.baselines`) as ``BASELINE:LLM``: ``direct``, ``cot``, ``naive-rag``, ``ircot``,
   ``oracle-passages``, and ``protocol`` (the LLM under the environment's own prompt, i.e. ``hf:``/
-  ``endpoint:``), where LLM is ``smollm2``, ``tiny``, a model folder, ``hf:MODEL`` or
+  ``endpoint:``), where LLM is ``smollm2``, ``tiny``, a model folder, ``ENGINE:MODEL`` or
   ``endpoint:URL#MODEL`` (e.g. ``ircot:smollm2``, ``cot:endpoint:http://localhost:8000/v1#my-model``):
   the same model, engine and decoding in every row. A kind takes its argument after the first colon;
   :func:`register_agent_kind` adds one;
+- ``ENGINE:MODEL``: any rollout engine of :mod:`agents.rollout.engines` (``hf`` and ``endpoint`` above,
+  ``vllm``, or one a module registers, imported with ``--import``) over MODEL (as for ``hf:``), or
+  ``ENGINE`` alone for an engine that serves a model of its own; its options are its options class's
+  defaults and ``--engine-option ENGINE.FIELD=VALUE`` (:attr:`AgentOptions.engine_options`). Model
+  agents are built through that registry, as training builds its rollout engine;
 - an existing folder: the same as ``hf:FOLDER``;
 - ``module:Name``: a scripted agent class (``start`` and ``next_text``, one instance per episode), or a
   rollout agent: a class with ``begin``/``generate``/``feed``/``finish``, or a function returning such
@@ -28,22 +33,24 @@ seeds and its row is their mean; scripted agents, and rollout agents that take n
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from agents.baselines import BASELINES, BaselineAgent, RolloutTextGenerator
 from agents.rollout.agent import RolloutAgent
+from agents.rollout.engines import ENGINES, EngineSetup, RolloutEngine, is_engine, lookup_engine
 from agents.scripted import NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedRolloutAgent
 from search_env.data.example import QAExample
 
 from benchmarks.evaluation import HarnessError
 
-__all__ = ["AGENT_KINDS", "AgentLoader", "AgentOptions", "Decoding", "EvalAgent", "agent_from_object", "parse_agent",
-           "register_agent_kind"]
+__all__ = ["AGENT_KINDS", "AgentLoader", "AgentOptions", "Decoding", "EvalAgent", "agent_from_object", "options_of_engine",
+           "parse_agent", "register_agent_kind"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,9 @@ class AgentOptions:
             ``bfloat16`` or ``float16``.
         api_key_env: the environment variable holding an endpoint's API key (unset: none is sent).
         timeout_s: deadline of one endpoint request.
+        max_context: the longest context of an episode (an engine sizes its cache by it).
+        engine_options: by engine name, fields of its options (``{"vllm": {"memory_fraction": 0.5}}``)
+            over their defaults; for ``endpoint`` over ``api_key_env`` and ``timeout_s`` above too.
     """
 
     decoding: Decoding = Decoding()
@@ -88,6 +98,8 @@ class AgentOptions:
     dtype: str = "auto"
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 120.0
+    max_context: int = 8192
+    engine_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def _plays_every_question(example: QAExample) -> str | None:
@@ -136,12 +148,20 @@ def _scripted_kind(cls: type) -> AgentKind:
     return parse
 
 
-def _hf_kind(name: str, argument: str | None) -> AgentLoader:
-    if not argument:
-        raise ValueError(f"agent {name!r}: give hf:MODEL, a model folder, 'tiny' or 'smollm2'")
-    if argument not in ("tiny", "smollm2") and not os.path.isdir(argument):
-        raise ValueError(f"agent {name!r}: {argument!r} is not an existing model folder, 'tiny' or 'smollm2'")
-    return lambda options: _load_hf(name, argument, options)
+def _engine_kind(engine: str) -> AgentKind:
+    """``ENGINE:MODEL`` for a rollout engine over a local model; ``ENGINE`` alone for one that serves its own."""
+    def parse(name: str, argument: str | None) -> AgentLoader:
+        if not lookup_engine(engine).engine.needs_policy:
+            if argument is not None:
+                raise ValueError(f"agent {name!r}: engine {engine} serves a model of its own and takes no argument "
+                                 f"(its options: --engine-option {engine}.FIELD=VALUE)")
+            return lambda options: _load_engine(name, engine, None, options)
+        if not argument:
+            raise ValueError(f"agent {name!r}: give {engine}:MODEL, a model folder, 'tiny' or 'smollm2'")
+        if argument not in ("tiny", "smollm2") and not os.path.isdir(argument):
+            raise ValueError(f"agent {name!r}: {argument!r} is not an existing model folder, 'tiny' or 'smollm2'")
+        return lambda options: _load_engine(name, engine, argument, options)
+    return parse
 
 
 def _endpoint_kind(name: str, argument: str | None) -> AgentLoader:
@@ -151,18 +171,21 @@ def _endpoint_kind(name: str, argument: str | None) -> AgentLoader:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"agent {name!r}: {url!r} is not an http(s) URL")
-    return lambda options: _load_endpoint(name, url, model, options)
+    return lambda options: _load_engine(name, "endpoint", None, options, url=url, model=model)
 
 
 def _llm_kind(name: str, argument: str | None) -> AgentLoader:
-    """The LLM of a baseline spec ``BASELINE:LLM``: ``hf:MODEL``, ``endpoint:URL#MODEL``, or a bare model."""
+    """The LLM of a baseline spec ``BASELINE:LLM``: ``ENGINE:MODEL`` (``hf:MODEL``...), ``endpoint:URL#MODEL``,
+    or a bare model (``hf``'s)."""
     if not argument:
         raise ValueError(f"agent {name!r}: give {name.partition(':')[0]}:LLM, where LLM is smollm2, tiny, a model folder, "
                          "hf:MODEL or endpoint:URL#MODEL")
     engine, colon, rest = argument.partition(":")
-    if colon and engine in ("hf", "endpoint"):
-        return (_hf_kind if engine == "hf" else _endpoint_kind)(name, rest)
-    return _hf_kind(name, argument)
+    if engine == "endpoint":
+        return _endpoint_kind(name, rest if colon else None)
+    if is_engine(engine):
+        return _engine_kind(engine)(name, rest if colon else None)
+    return _engine_kind("hf")(name, argument)
 
 
 def _baseline_kind(baseline: str) -> AgentKind:
@@ -176,7 +199,7 @@ def _baseline_kind(baseline: str) -> AgentKind:
 
 #: Agent kinds by name (the part of a spec before its first colon).
 AGENT_KINDS: dict[str, AgentKind] = {**{key: _scripted_kind(cls) for key, cls in SCRIPTED.items()},
-                                     "hf": _hf_kind, "endpoint": _endpoint_kind,
+                                     "hf": _engine_kind("hf"), "endpoint": _endpoint_kind,
                                      **{key: _baseline_kind(key) for key in ("protocol", *BASELINES)}}
 
 
@@ -198,11 +221,13 @@ def parse_agent(spec: str) -> AgentLoader:
     kind, colon, argument = spec.partition(":")
     if kind in AGENT_KINDS:
         return AGENT_KINDS[kind](spec, argument if colon else None)
+    if is_engine(kind):
+        return _engine_kind(kind)(spec, argument if colon else None)
     if os.path.isdir(spec):
-        return _hf_kind(spec, spec)
+        return _engine_kind("hf")(spec, spec)
     if not colon or not kind or not argument:
         raise ValueError(f"unknown agent {spec!r}: give one of {', '.join(AGENT_KINDS)} (KIND or KIND:ARGUMENT), "
-                         "a model folder or module:Name")
+                         f"a rollout engine's ENGINE:MODEL ({', '.join(sorted({'vllm', *ENGINES}))}), a model folder or module:Name")
     try:
         target = getattr(importlib.import_module(kind), argument)
     except (ImportError, AttributeError) as exc:
@@ -253,57 +278,74 @@ def agent_from_object(name: str, target: Any, options: AgentOptions | None = Non
     return EvalAgent(name, build, seeded=seeded, decoding=described)
 
 
-def _load_hf(name: str, model: str, options: AgentOptions) -> EvalAgent:
-    """An HF model agent; the model is loaded by the first ``build`` (a resumed run whose episodes are
-    all done loads none) and kept until ``release``."""
+def options_of_engine(engine: str, options: AgentOptions, **spec: Any) -> Any:
+    """The options of ``engine`` for an agent: its options class with ``spec``'s fields (an endpoint's URL
+    and model), the run's endpoint settings and ``options.engine_options[engine]`` over its defaults.
+
+    Raises:
+        ValueError: a field the class lacks, or a bad value (one line).
+    """
+    options_class = lookup_engine(engine).options
+    fields = dict(spec)
+    if engine == "endpoint":
+        fields.update(api_key_env=options.api_key_env, timeout_s=options.timeout_s)
+    fields.update(options.engine_options.get(engine, {}))
+    known = {f.name for f in dataclasses.fields(options_class)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"engine {engine} has no option {', '.join(unknown)} (its options: {', '.join(sorted(known))})")
+    return options_class(**fields)
+
+
+def _load_engine(name: str, engine: str, model: str | None, options: AgentOptions, **spec: Any) -> EvalAgent:
+    """An agent of the rollout engine ``engine`` (over ``model``, loaded as ``hf:MODEL`` is, when the engine
+    needs a policy), sampling as ``options.decoding`` says. The engine (and model) is built by the first
+    ``build`` (a resumed run whose episodes are all done builds none) and kept until ``release``."""
     decoding = options.decoding
-    loaded: list[Any] = []  # the policy, once loaded
+    entry = lookup_engine(engine)
+    settings = options_of_engine(engine, options, **spec)
+    built: list[RolloutEngine] = []
 
-    def policy() -> Any:
-        if not loaded:
-            import torch
-
-            from agents.policies.loading import load_policy
-
-            device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-            if options.dtype != "auto" and options.dtype not in dtypes:
-                raise ValueError(f"dtype must be auto or one of {', '.join(dtypes)}, got {options.dtype!r}")
-            dtype = dtypes.get(options.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    def rollout_engine() -> RolloutEngine:
+        if not built:
+            policy = _load_policy(name, model, options) if model is not None else None
+            setup = EngineSetup(policy, temperature=decoding.temperature, top_p=decoding.top_p, max_context=options.max_context)
             try:
-                loaded.append(load_policy(model, dtype=dtype).to(device))
-            except ValueError as exc:  # load_policy's one-line errors (a tokenizer of another model...)
+                built.append(entry.build(settings, setup))
+            except ValueError as exc:  # the engine's one-line errors (a setting it cannot use...)
                 raise HarnessError(f"agent {name!r}: {exc}") from None
-        return loaded[0]
+        return built[0]
 
     def build(seed: int) -> RolloutAgent:
-        from agents.rollout.hf_sampler import HFSampler
-
-        return HFSampler(policy(), greedy=decoding.greedy, temperature=decoding.temperature, top_p=decoding.top_p, seed=seed)
+        return rollout_engine().agent(greedy=decoding.greedy, seed=seed)
 
     def release() -> None:
-        if loaded:
-            import torch
+        if built:
+            built.pop().close()
+            if model is not None:
+                import torch
 
-            loaded.clear()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
 
     return EvalAgent(name, build, seeded=not decoding.greedy, decoding=decoding.describe(), release=release)
 
 
-def _load_endpoint(name: str, url: str, model: str, options: AgentOptions) -> EvalAgent:
-    from agents.rollout.endpoint import CompletionsEndpointAgent
+def _load_policy(name: str, model: str, options: AgentOptions) -> Any:
+    """The policy of ``model`` on ``options.device`` in ``options.dtype``."""
+    import torch
 
-    decoding = options.decoding
-    api_key = os.environ.get(options.api_key_env) or None
+    from agents.policies.loading import load_policy
 
-    def build(seed: int) -> RolloutAgent:
-        return CompletionsEndpointAgent(url, model, temperature=0.0 if decoding.greedy else decoding.temperature,
-                                        top_p=decoding.top_p, api_key=api_key, timeout_s=options.timeout_s,
-                                        extra_body=None if decoding.greedy else {"seed": seed})
-
-    return EvalAgent(name, build, seeded=not decoding.greedy, decoding=decoding.describe())
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if options.dtype != "auto" and options.dtype not in dtypes:
+        raise ValueError(f"dtype must be auto or one of {', '.join(dtypes)}, got {options.dtype!r}")
+    dtype = dtypes.get(options.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        return load_policy(model, dtype=dtype).to(device)
+    except ValueError as exc:  # load_policy's one-line errors (a tokenizer of another model...)
+        raise HarnessError(f"agent {name!r}: {exc}") from None
 
 
 def _load_baseline(name: str, baseline: str, llm: EvalAgent) -> EvalAgent:

@@ -1,6 +1,6 @@
 """The RL algorithm benchmark: its collapse rule on curves worked out by hand, equal sample budgets and
-shared settings across the algorithms, the warm-start cache, the KL probe, and a --quick run whose
-tables agree with the runs' own metrics.jsonl."""
+shared settings across the algorithms, the KL probe, and a --quick run whose tables agree with the runs'
+own metrics.jsonl (its warm-start cache: test_warm_start_cache.py)."""
 from __future__ import annotations
 
 import csv
@@ -98,40 +98,7 @@ def test_a_recipe_a_grouped_algorithm_cannot_run_is_refused_before_anything_trai
     assert exit_info.value.code == 2 and "repeats a seed" in capsys.readouterr().err
 
 
-# --- the warm-start cache and the KL probe ---------------------------------------------------------
-
-
-def test_the_cached_warm_start_is_the_trainers_warm_start_saved_once(tmp_path: Path) -> None:
-    skip_without(*AGENTS_EXTRA)
-    import torch
-
-    from agents.policies.loading import load_policy
-    from agents.training.build import build_trainer
-    from benchmarks.learning import demo_config
-    from benchmarks.policy_cache import RECORD_FILE, cached_warm_start
-    from benchmarks.warm_cache import warm_started
-
-    config = demo_config([*TINY, f"run.output_dir={tmp_path / 'run'}"])
-    made = cached_warm_start(config, tmp_path / "cache", log=lambda line: None)
-    again = cached_warm_start(config, tmp_path / "cache", log=lambda line: None)
-    other = cached_warm_start(config.updated({"run.seed": 1}), tmp_path / "cache", log=lambda line: None)
-    assert (made.reused, again.reused, other.reused) == (False, True, False)
-    assert again.policy_dir == made.policy_dir != other.policy_dir and made.stats["sft/steps"] == 2
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([made.digest, other.digest])  # no partial folders
-
-    trainer = build_trainer(config)  # the same warm start, in the trainer's own backend
-    warm_started(trainer.backend, config, trainer.env, None)
-    loaded = load_policy(str(made.policy_dir))
-    live = trainer.policy.state_dict()
-    assert all(torch.equal(live[name], value) for name, value in loaded.state_dict().items())
-    text = "<search> who founded Zarbo </search><answer> Bob </answer>"
-    assert loaded.codec.encode(text) == trainer.policy.codec.encode(text) and loaded.codec.eos_ids == trainer.policy.codec.eos_ids
-    trainer.close_environments()
-
-    record = made.policy_dir.parent / RECORD_FILE
-    record.write_text(record.read_text().replace('"seed": 0', '"seed": 7'))
-    with pytest.raises(ValueError, match="other settings"):
-        cached_warm_start(config, tmp_path / "cache")
+# --- the KL probe ------------------------------------------------------------------------------
 
 
 def test_the_kl_probe_is_zero_against_itself_and_positive_against_another_policy() -> None:
@@ -144,7 +111,7 @@ def test_the_kl_probe_is_zero_against_itself_and_positive_against_another_policy
     from agents.policies.loading import load_policy
     from agents.rollout.collect import collect_rollouts
     from agents.rollout.hf_sampler import HFSampler
-    from benchmarks.algorithms import kl_to_reference
+    from benchmarks.common.algorithm_runs import kl_to_reference
     from search_env import BatchSearchQAEnv
 
     policy = load_policy(ModelConfig(tiny_layers=1, tiny_hidden=32, tiny_heads=2))
@@ -179,7 +146,8 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     skip_without(*AGENTS_EXTRA)
     import search_env.synthetic
-    from benchmarks.algorithms import METRICS, main
+    from benchmarks.algorithms import main
+    from benchmarks.common.algorithm_runs import METRICS
 
     worlds: list[int] = []
     generate_world = search_env.synthetic.generate_world
@@ -190,7 +158,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
 
     monkeypatch.setattr(search_env.synthetic, "generate_world", counted)
     out = tmp_path / "out"
-    assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--cache-dir",
+    assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--policy-cache",
                  str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
     printed = capsys.readouterr().out
     assert "run 2/2: reinforce++ seed 0, 4 questions x 1 per step, 2 steps" in printed
@@ -230,7 +198,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
 
     # the same command again takes the finished runs from their folders: nothing is built or trained
     table_before, worlds[:] = (out / "table.md").read_text(), []
-    argv = ["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--cache-dir", str(tmp_path / "cache"),
+    argv = ["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--policy-cache", str(tmp_path / "cache"),
             "--output-dir", str(out), "--set", *TINY]
     assert main([*argv, "--window", "2"]) == 0
     assert capsys.readouterr().out.count("finished already") == 2 and worlds == []

@@ -255,7 +255,7 @@ def test_retrieval_recall_dense_and_hybrid(data_dir: Path, tmp_path: Path, capsy
     skip_without("dense", "faiss")
     from benchmarks.retrieval_recall import main
 
-    main(["--data-dir", str(data_dir), "--retrievers", "bm25,dense,hybrid", "--cache-dir", str(tmp_path / "cache"),
+    main(["--data-dir", str(data_dir), "--retrievers", "bm25,dense,hybrid", "--index-dir", str(tmp_path / "cache"),
           "--backend", "torch", "--ks", "1,5", "--runs", "1"])
     out = capsys.readouterr().out
     assert "dense index build (flat), one run:" in out
@@ -385,9 +385,10 @@ def test_learning_target_needs_the_last_three_evaluations_and_the_first_hop() ->
 def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     skip_without(*AGENTS_EXTRA)
+    from benchmarks.common.warm_start_cache import RECORD_FILE
     from benchmarks.rollout_overhead import main
 
-    cache = str(tmp_path / "policy.pt")
+    cache = str(tmp_path / "cache")
     args = ["--runs", "1", "--warm-start-examples", "4", "--warm-start-copy-steps", "2", "--policy-cache", cache]
     first = main(args + ["--warm-start-steps", "1", "--output-dir", str(tmp_path)])
     lines, saved, rows = _written(tmp_path, "rollout_overhead",
@@ -402,6 +403,11 @@ def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only
         assert again["runs"][mode][0]["agent_tokens_mean"] == first["runs"][mode][0]["agent_tokens_mean"]
         assert again["runs"][mode][0]["reward_mean"] == first["runs"][mode][0]["reward_mean"]
     assert first["runs"]["worker"][0]["worker_busy"] > 0 and first["runs"]["worker"][0]["time_search"] == 0
-    with pytest.raises(SystemExit) as exit_info:
-        main(args + ["--warm-start-steps", "2"])
-    assert exit_info.value.code == 2 and "made with other settings" in capsys.readouterr().err
+    (made,) = Path(cache).iterdir()  # one folder per set of settings: the second run made none
+    main(args + ["--warm-start-steps", "2"])  # other settings: a warm start of their own, beside the first
+    assert len(list(Path(cache).iterdir())) == 2
+    record = made / RECORD_FILE
+    record.write_text(record.read_text().replace('"warm_start.steps": 1', '"warm_start.steps": 5'))
+    with pytest.raises(SystemExit) as exit_info:  # a folder whose record is not its name's settings is refused
+        main(args + ["--warm-start-steps", "1"])
+    assert exit_info.value.code == 2 and "other settings than its name says" in capsys.readouterr().err

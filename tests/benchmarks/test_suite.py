@@ -143,7 +143,7 @@ def test_quick_runs_every_benchmark_or_says_why_not(tmp_path: Path, capsys: pyte
     questions.write_text("".join(json.dumps({"question": f"Which river does town {i} lie on?"}) + "\n" for i in range(20)))
     out = tmp_path / "out"
     code = suite.main(["--quick", "--corpus", str(corpus), "--questions", str(questions), "--index-dir", str(tmp_path / "index"),
-                       "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)])
+                       "--policy-cache", str(tmp_path / "cache"), "--output-dir", str(out)])
     report = json.loads((out / "report.json").read_text())
     failed = {b["name"]: b["reason"] for b in report["benchmarks"] if b["status"] == "failed"}
     assert code == 0 and not failed, failed
