@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["OpenAIChatModel", "chat_completions_url"]
 
+# The retry rule (408, 429 and 5xx again, any other 4xx final) and the doubling backoff below are those of
+# search_env.http_retry, kept here as a copy: rewards imports nothing of the project (search_env itself
+# imports rewards), and this client, on httpx with one timeout per operation and no overall deadline,
+# shares only these two lines with the urllib3 clients there.
 _RETRY_STATUSES = frozenset({408, 429})
 
 

@@ -16,11 +16,10 @@ the same request (and a dense retriever encodes a batch much faster than its que
 :class:`RemoteSource` queues concurrent calls and sends whatever has queued while its sender threads
 were busy as one request ("natural batching": no added wait when the client is idle).
 
-Why a deadline per call: socket timeouts bound each read, not a request, so a server that sends a
-byte a second (or a proxy that keeps a connection alive) would hold a training step for as long as
-it likes. ``timeout_s`` is the most a ``search`` call waits, queueing, connecting, retries and
-backoff included; when it runs out the call raises :class:`SourceError` (an error observation in the
-environment) and the request still in flight is cut by shutting its socket.
+Why a deadline per call (:mod:`search_env.http_retry`): socket timeouts bound each read, not a request.
+``timeout_s`` is the most a ``search`` call waits, queueing, connecting, retries and backoff included;
+when it runs out the call raises :class:`SourceError` (an error observation in the environment) and the
+request still in flight is cut by shutting its socket.
 
 Why replicas: one retrieval server is one point of failure for a training run that lasts days. Given
 several URLs serving the same index, :class:`RemoteSource` spreads its requests over them and, when one
@@ -30,10 +29,8 @@ again after a cool-down; the log says when a replica went down and when it came 
 from __future__ import annotations
 
 import collections
-import http.client
 import json
 import logging
-import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -42,19 +39,20 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.connection import HTTPConnection
+from urllib3.exceptions import NewConnectionError
 from urllib3.exceptions import TimeoutError as ConnectionTimeout
 
 from search_env._fork import forget_threads_after_fork
 from search_env.data.corpus import split_wiki18_contents
+from search_env.http_retry import TRANSPORT_ERRORS, SocketCut, backoff_wait, exchange, is_final_rejection, unreachable
 from search_env.sources.base import Passage, Source, SourceError
+from search_env.sources.replicas import Replica, ReplicaPool, ReplicaStatus
 
 __all__ = [
     "DEFAULT_COOLDOWN_S",
     "DEFAULT_TIMEOUT_S",
     "RemoteSource",
-    "ReplicaStatus",
     "document_to_passage",
     "format_contents",
     "parse_retrieve_response",
@@ -171,52 +169,8 @@ enough that a restarted server (a retrieval server answers 503 while it builds i
 after it is ready."""
 
 _HEADERS = {"Content-Type": "application/json"}
-_RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ReplicaStatus:
-    """How one replica of a :class:`RemoteSource` has fared since the source was made.
-
-    Attributes:
-        url: its ``/retrieve`` URL.
-        requests: HTTP attempts sent to it.
-        failures: of those, the ones that failed (no connection, no reply in time, HTTP 5xx, 408 or
-            429, a malformed reply) and so went to another replica or a retry.
-        down: it failed and has not answered since; requests skip it during each cool-down.
-        last_problem: what went wrong the last time it failed (None: never failed).
-    """
-
-    url: str
-    requests: int
-    failures: int
-    down: bool
-    last_problem: str | None
-
-
-@dataclass(eq=False)
-class _Replica:
-    """One server behind the source: where it is and how it has fared (changed under the source's lock)."""
-
-    url: str
-    requests: int = 0
-    failures: int = 0
-    failures_in_a_row: int = 0
-    down: bool = False
-    retry_at: float = 0.0  # time.monotonic() at which a down replica may be tried again
-    last_problem: str | None = None
-
-    def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        self.path = f"{parts.path}?{parts.query}" if parts.query else parts.path
-        self.host, self.port = parts.hostname or "", parts.port
-        self.connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
-
-    def eligible(self, now: float) -> bool:
-        """Up, or down with its cool-down over (the next request to it is the probe)."""
-        return not self.down or now >= self.retry_at
 
 
 class _ReplicaFailed(Exception):
@@ -236,14 +190,13 @@ class _Call:
 
 @dataclass(eq=False)
 class _Batch:
-    """Calls that one sender sends together. ``waiting`` counts callers that have not given up;
-    ``sock`` is the socket of the request in flight (None between requests), which :func:`_abort`
-    shuts down; ``aborted`` tells the sender to stop."""
+    """Calls that one sender sends together. ``waiting`` counts callers that have not given up; ``cut``
+    shuts the socket of the request in flight when the last of them gives up or the source closes, and
+    once fired tells the sender to stop."""
 
     calls: list[_Call]
     waiting: int
-    sock: socket.socket | None = None
-    aborted: bool = False
+    cut: SocketCut = field(default_factory=SocketCut)
 
     @property
     def deadline(self) -> float:
@@ -283,9 +236,8 @@ class RemoteSource(Source):
     once each (a ``logging`` warning); :meth:`replica_status` counts requests and failures per replica.
 
     ``search`` is thread-safe. Every failure reaches the caller as :class:`SourceError`. Sender
-    threads start on the first search and stop in :meth:`close`; each keeps one keep-alive
-    connection per replica (urllib3's: on a 2-core machine, requests' extra layers cost about twice
-    urllib3's CPU time per request, which is the whole budget of a BM25 query).
+    threads start on the first search and stop in :meth:`close`; each keeps one keep-alive urllib3
+    connection per replica (:mod:`search_env.http_retry` says why not a session).
     """
 
     def __init__(
@@ -308,8 +260,8 @@ class RemoteSource(Source):
             raise ValueError(f"max_batch and max_in_flight must be >= 1, got {max_batch} and {max_in_flight}")
         if cooldown_s < 0:
             raise ValueError(f"cooldown_s must be >= 0, got {cooldown_s}")
-        self._replicas = [_Replica(u) for u in replica_urls(url)]
-        self.urls: tuple[str, ...] = tuple(replica.url for replica in self._replicas)
+        self._pool = ReplicaPool(replica_urls(url), cooldown_s)
+        self.urls: tuple[str, ...] = tuple(replica.url for replica in self._pool.replicas)
         self.url = ",".join(self.urls)  # one URL, or the replicas' comma-separated as they may be given
         self.name = name
         self.timeout_s = timeout_s
@@ -319,7 +271,6 @@ class RemoteSource(Source):
         self.backoff_s = backoff_s
         self.cooldown_s = cooldown_s
         self._closed = False
-        self._next_replica = 0  # where the round robin goes on
         self._forget_senders()
         forget_threads_after_fork(self, RemoteSource._forget_senders)
         self.requests_sent = 0  # HTTP attempts, for tests and benchmarks that check batching
@@ -349,7 +300,7 @@ class RemoteSource(Source):
     def replica_status(self) -> dict[str, ReplicaStatus]:
         """Each replica's counters and state, by URL (in the order given), as of now."""
         with self._cond:
-            return {r.url: ReplicaStatus(r.url, r.requests, r.failures, r.down, r.last_problem) for r in self._replicas}
+            return self._pool.status()
 
     def _forget_senders(self) -> None:
         """No queue, no sender threads (at start, and in a forked child, where the parent's do not exist)."""
@@ -365,7 +316,7 @@ class RemoteSource(Source):
             abandoned = list(self._pending)
             self._pending.clear()
             for batch in self._in_flight:
-                _abort(batch)
+                batch.cut.fire()
             self._cond.notify_all()
             senders = list(self._senders)
         for call in abandoned:
@@ -385,7 +336,7 @@ class RemoteSource(Source):
                 return
             batch.waiting -= 1
             if batch.waiting == 0:
-                _abort(batch)
+                batch.cut.fire()
 
     def _start_sender(self) -> None:
         thread = threading.Thread(target=self._sender_loop, name=f"RemoteSource-{self.name}-{len(self._senders)}", daemon=True)
@@ -456,17 +407,17 @@ class RemoteSource(Source):
         attempts = 0
         for round_index in range(self.retries + 1):
             if round_index:
-                time.sleep(max(0.0, min(self.backoff_s * 2 ** (round_index - 1), batch.deadline - time.monotonic())))
+                time.sleep(max(0.0, min(backoff_wait(self.backoff_s, round_index), batch.deadline - time.monotonic())))
             tried: set[int] = set()
-            while len(tried) < len(self._replicas):
+            while len(tried) < len(self._pool):
                 remaining = batch.deadline - time.monotonic()
                 with self._cond:
                     if remaining <= 0 or batch.waiting == 0 or self._closed:
                         raise SourceError(self._failure_message(problems, attempts))
-                    index = self._choose_replica(tried)
-                    share = remaining / self._sharing(index, tried)
+                    index = self._pool.choose(tried)
+                    share = remaining / self._pool.sharing(index, tried)
                     tried.add(index)
-                    replica = self._replicas[index]
+                    replica = self._pool.replicas[index]
                     replica.requests += 1
                     self.requests_sent += 1
                     self._in_flight.add(batch)
@@ -485,118 +436,68 @@ class RemoteSource(Source):
         raise SourceError(self._failure_message(problems, attempts))
 
     def _attempt(
-        self, replica: _Replica, index: int, connections: dict[int, HTTPConnection], body: bytes, timeout_s: float,
+        self, replica: Replica, index: int, connections: dict[int, HTTPConnection], body: bytes, timeout_s: float,
         batch: _Batch, n_queries: int,
     ) -> list[list[Passage]]:
         """One request to one replica: its passages; :class:`_ReplicaFailed` when another replica (or
-        a later retry) may answer; SourceError when the request itself is refused."""
+        a later retry) may answer; SourceError when the request itself is refused. Each socket operation
+        waits at most ``timeout_s``; the batch's deadline as a whole is kept by its callers, who fire
+        its cut."""
         connection = connections.get(index)
         if connection is None:
-            connection = connections[index] = replica.connection_class(replica.host, replica.port, timeout=timeout_s)
+            connection = connections[index] = replica.target.connect()
         try:
-            status, data = self._exchange(connection, replica.path, body, timeout_s, batch)
-        except (OSError, http.client.HTTPException, HTTPError) as exc:
+            reply = exchange(connection, replica.target.path, body, _HEADERS, timeout_s, batch.cut)
+        except TRANSPORT_ERRORS as exc:
             connection.close()  # its state is unknown; the next attempt opens a new one
-            if time.monotonic() >= batch.deadline or batch.aborted:
+            if time.monotonic() >= batch.deadline or batch.cut.fired:
                 raise _ReplicaFailed(f"no reply within {self.timeout_s:g} s") from None
             if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from ConnectTimeoutError
                 raise _ReplicaFailed(f"cannot reach the server ({exc})") from None
             if isinstance(exc, (TimeoutError, ConnectionTimeout)):
                 raise _ReplicaFailed(f"no reply within {timeout_s:.3g} s") from None
-            raise _ReplicaFailed(f"cannot reach the server ({type(exc).__name__}: {exc})") from None
+            raise _ReplicaFailed(unreachable(exc)) from None
         finally:
+            batch.cut.disarm()
             with self._cond:
-                batch.sock = None
                 self._in_flight.discard(batch)
-        if 400 <= status < 500 and status not in _RETRIED_CLIENT_STATUSES:
-            raise SourceError(f"source {self.name!r}: {replica.url} rejected the request with HTTP {status}: {_reply_detail(data)}")
-        if status != 200:
-            raise _ReplicaFailed(f"HTTP {status}: {_reply_detail(data)}")
+        if is_final_rejection(reply.status):
+            raise SourceError(f"source {self.name!r}: {replica.url} rejected the request with HTTP {reply.status}: "
+                              f"{_reply_detail(reply.data)}")
+        if reply.status != 200:
+            raise _ReplicaFailed(f"HTTP {reply.status}: {_reply_detail(reply.data)}")
         try:
-            return parse_retrieve_response(json.loads(data), n_queries)
+            return parse_retrieve_response(json.loads(reply.data), n_queries)
         except ValueError as exc:  # includes a body that is not JSON (or not UTF-8)
             raise _ReplicaFailed(f"malformed reply: {exc}") from None
 
-    def _choose_replica(self, tried: set[int]) -> int:
-        """The replica of the next attempt (under ``self._cond``; some replica is not in ``tried``):
-        the next one in turn that is up or past its cool-down, else the down one that failed the
-        fewest times in a row (and, among those, the one whose cool-down ends first)."""
-        now = time.monotonic()
-        count = len(self._replicas)
-        for step in range(count):
-            index = (self._next_replica + step) % count
-            if index not in tried and self._replicas[index].eligible(now):
-                self._next_replica = (index + 1) % count
-                return index
-        untried = [index for index in range(count) if index not in tried]
-        return min(untried, key=lambda index: (self._replicas[index].failures_in_a_row, self._replicas[index].retry_at))
-
-    def _sharing(self, index: int, tried: set[int]) -> int:
-        """Over how many attempts the time left is shared (under ``self._cond``): the replicas up and
-        not in ``tried`` when ``index`` is one of them, else (no replica up is left) those not tried."""
-        now = time.monotonic()
-        untried = [replica for i, replica in enumerate(self._replicas) if i not in tried]
-        if self._replicas[index].eligible(now):
-            return sum(replica.eligible(now) for replica in untried)
-        return len(untried)
-
-    def _mark_failed(self, replica: _Replica, problem: str) -> None:
+    def _mark_failed(self, replica: Replica, problem: str) -> None:
         """Count the failure and skip the replica for a cool-down; say so when it goes down."""
         with self._cond:
             if self._closed:  # cut by close(): not the replica's doing
                 return
-            replica.failures += 1
-            replica.failures_in_a_row += 1
-            replica.last_problem = problem
-            replica.retry_at = time.monotonic() + self.cooldown_s
-            went_down, replica.down = not replica.down, True
-            up = sum(not r.down for r in self._replicas)
+            went_down = self._pool.failed(replica, problem)
+            up = self._pool.up()
         if went_down:
             logger.warning("source %r: replica %s is down (%s); skipping it for %g s, %d of %d replica(s) up",
-                           self.name, replica.url, problem, self.cooldown_s, up, len(self._replicas))
+                           self.name, replica.url, problem, self.cooldown_s, up, len(self._pool))
 
-    def _mark_answered(self, replica: _Replica) -> None:
+    def _mark_answered(self, replica: Replica) -> None:
         """A reply: the replica is up again (said once, when it was down)."""
         with self._cond:
-            came_back, replica.down = replica.down, False
-            failed, replica.failures_in_a_row = replica.failures_in_a_row, 0
-        if came_back:
+            failed = self._pool.answered(replica)
+        if failed is not None:
             logger.warning("source %r: replica %s answers again after %d failed attempt(s)", self.name, replica.url, failed)
 
     def _failure_message(self, problems: dict[str, str], attempts: int) -> str:
         """Why a request got no answer: each replica's latest problem (or that time ran out first)."""
         if not problems:
             return f"source {self.name!r}: no reply within {self.timeout_s:g} s from {self.url}"
-        if len(self._replicas) == 1:
+        if len(self._pool) == 1:
             return f"source {self.name!r}: {self.url} failed after {attempts} attempt(s): {problems[self.url]}"
         said = "; ".join(f"{url}: {problem}" for url, problem in problems.items())
-        return f"source {self.name!r}: no replica answered ({attempts} attempt(s) on {len(problems)} of {len(self._replicas)}): {said}"
+        return f"source {self.name!r}: no replica answered ({attempts} attempt(s) on {len(problems)} of {len(self._pool)}): {said}"
 
-    def _exchange(self, connection: HTTPConnection, path: str, body: bytes, timeout_s: float, batch: _Batch) -> tuple[int, bytes]:
-        """One request and its whole reply. Each socket operation waits at most ``timeout_s``; the
-        batch's deadline as a whole is kept by the callers, who cut the socket (:func:`_abort`)."""
-        if connection.sock is not None and not connection.is_connected:
-            connection.close()  # the server closed the idle keep-alive connection
-        connection.timeout = timeout_s
-        connection.request("POST", path, body=body, headers=_HEADERS)
-        with self._cond:
-            # Kept here rather than read from the connection later: a reply with "Connection: close"
-            # takes the socket over from the connection while its body is still being read.
-            batch.sock = connection.sock
-            if batch.aborted:  # cut while connecting, before there was a socket to shut
-                raise TimeoutError("the call's deadline passed")
-        reply = connection.getresponse()
-        return reply.status, reply.data
-
-
-def _abort(batch: _Batch) -> None:
-    """Cut the batch's request in flight: a blocked read or write on its socket returns at once."""
-    batch.aborted = True
-    if batch.sock is not None:
-        try:
-            batch.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already closed
-            pass
 
 
 def _reply_detail(data: bytes, limit: int = 300) -> str:
