@@ -25,27 +25,26 @@ the deadline): one line naming the URL and what was wrong.
 """
 from __future__ import annotations
 
-import email.utils
-import http.client
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.exceptions import HTTPError
+from urllib3.connection import HTTPConnection
 
 from agents.rollout.agent import Chunk, turn_stop_strings
 from search_env.data.example import QAExample
+from search_env.http_retry import (
+    TRANSPORT_ERRORS, DeadlinePassed, HttpTarget, SocketCut, backoff_wait, exchange, is_final_rejection, retry_after_s,
+    unreachable,
+)
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
 __all__ = ["CompletionsEndpointAgent", "EndpointError", "EndpointTimeout"]
 
-_RETRIED_CLIENT_STATUSES = (408, 429)  # the server asks to come back later; every other 4xx is final
 _DETAIL_CHARS = 300  # of a server's error message, in an error's one line
 
 
@@ -102,9 +101,7 @@ class CompletionsEndpointAgent:
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be an http(s) URL such as http://localhost:8000/v1, got {base_url!r}")
-        self._path = f"{parts.path}?{parts.query}" if parts.query else parts.path
-        self._host, self._port = parts.hostname, parts.port
-        self._connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+        self._target = HttpTarget.from_url(self.url)
         self.model, self.temperature, self.top_p, self.send_ids = model, temperature, top_p, send_ids
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.extra_body = dict(extra_body or {})
@@ -190,15 +187,15 @@ class CompletionsEndpointAgent:
             if remaining <= 0:
                 break
             attempts += 1
-            wait = self.backoff_s * 2 ** attempt
+            wait = backoff_wait(self.backoff_s, attempt + 1)
             try:
                 status, headers, data = self._exchange(body, remaining, deadline)
-            except _DeadlinePassed:
+            except DeadlinePassed:
                 break
-            except (OSError, http.client.HTTPException, HTTPError) as exc:
+            except TRANSPORT_ERRORS as exc:
                 if time.monotonic() >= deadline:
                     break
-                problem = f"cannot reach the server ({type(exc).__name__}: {exc})"
+                problem = unreachable(exc)
                 continue
             if status == 200:
                 try:
@@ -206,10 +203,10 @@ class CompletionsEndpointAgent:
                 except ValueError as exc:
                     problem = f"malformed reply: {exc}"
                     continue
-            if 400 <= status < 500 and status not in _RETRIED_CLIENT_STATUSES:
+            if is_final_rejection(status):
                 raise EndpointError(f"{self.url} rejected the request with HTTP {status}: {_reply_detail(data)}")
             problem = f"HTTP {status}: {_reply_detail(data)}"
-            asked = _retry_after(headers.get("Retry-After"))
+            asked = retry_after_s(headers.get("Retry-After"))
             if asked is not None:
                 if time.monotonic() + asked >= deadline:
                     raise EndpointError(f"{self.url} failed after {attempts} attempt(s): {problem} "
@@ -224,7 +221,7 @@ class CompletionsEndpointAgent:
         """This thread's keep-alive connection."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = self._local.connection = self._connection_class(self._host, self._port)
+            connection = self._local.connection = self._target.connect()
             with self._lock:
                 self._connections.append(connection)
         return connection
@@ -232,69 +229,25 @@ class CompletionsEndpointAgent:
     def _exchange(self, body: bytes, timeout_s: float, deadline: float) -> tuple[int, Any, bytes]:
         """One attempt: status, headers and the whole body. Each socket operation waits at most
         ``timeout_s``, and a timer shuts the socket at ``deadline``, so that a reply that trickles in
-        cannot outlast it (raises :class:`_DeadlinePassed` then)."""
+        cannot outlast it (raises :class:`~search_env.http_retry.DeadlinePassed` then)."""
         connection = self._connection()
-        if connection.sock is not None and not connection.is_connected:
-            connection.close()  # the server closed the idle keep-alive connection
-        connection.timeout = timeout_s
-        cut = _Cut()
+        cut = SocketCut()
         timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut.fire)
         timer.daemon = True
         timer.start()
         try:
-            connection.request("POST", self._path, body=body, headers=self._headers)
-            cut.arm(connection.sock)  # kept now: a "Connection: close" reply takes the socket from the connection
-            reply = connection.getresponse()
-            status, headers, data = reply.status, reply.headers, reply.data
+            reply = exchange(connection, self._target.path, body, self._headers, timeout_s, cut)
         except Exception:
             connection.close()  # its state is unknown: the next attempt opens a new one
             if cut.disarm():
-                raise _DeadlinePassed() from None
+                raise DeadlinePassed("the request's deadline passed") from None
             raise
         finally:
             timer.cancel()
         if cut.disarm():  # the deadline passed as the reply ended: the socket may be shut
             connection.close()
-            raise _DeadlinePassed()
-        return status, headers, data
-
-
-class _DeadlinePassed(Exception):
-    """A request's deadline passed while it was under way (its socket was shut)."""
-
-
-class _Cut:
-    """Shuts a request's socket when its deadline passes (the timer's side), unless the request finished first."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self.fired = False
-
-    def arm(self, sock: socket.socket | None) -> None:
-        """Cut ``sock`` at the deadline (at once if it has passed)."""
-        with self._lock:
-            self._sock = sock
-            if self.fired:
-                self._shut()
-
-    def fire(self) -> None:
-        with self._lock:
-            self.fired = True
-            self._shut()
-
-    def _shut(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # already closed
-                pass
-
-    def disarm(self) -> bool:
-        """Stop cutting; returns whether the cut happened."""
-        with self._lock:
-            self._sock = None
-            return self.fired
+            raise DeadlinePassed("the request's deadline passed")
+        return reply.status, reply.headers, reply.data
 
 
 def _first_choice(data: bytes) -> dict[str, Any]:
@@ -332,18 +285,3 @@ def _reply_detail(data: bytes) -> str:
         if found:
             return " ".join(str(found).split())[:_DETAIL_CHARS]
     return _start(data)
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (a number of seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
