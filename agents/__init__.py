@@ -36,7 +36,7 @@ _LAZY = {
     "register_algorithm": "agents.learners",
     "PPOConfig": "agents.learners", "GRPOConfig": "agents.learners", "ReinforcePPConfig": "agents.learners",
     "ReinforcePPBaselineConfig": "agents.learners",
-    "TrainingBackend": "agents.training.backend", "TorchBackend": "agents.training.backend",
+    "TrainingBackend": "agents.training.backends", "TorchBackend": "agents.training.backends",
     "Trainer": "agents.training.trainer", "TrainResult": "agents.training.result",
     "build_trainer": "agents.training.build",
     "warm_start": "agents.training.warm_start",

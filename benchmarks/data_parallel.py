@@ -82,7 +82,8 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     config = TrainConfig("grpo").updated({
-        "run.backend": args.backend, "run.zero_stage": args.zero, "rollout.questions_per_step": 2,
+        "run.backend": args.backend, **({"backend.zero_stage": args.zero} if args.backend == "deepspeed" else {}),
+        "rollout.questions_per_step": 2,
         "algorithm.group_size": 3, "optim.micro_batch_size": 2,
         "optim.learning_rate": 1e-4, "algorithm.kl_coef": 0.0, "model.tiny_hidden": args.hidden,
         "model.tiny_layers": args.layers, "model.tiny_heads": args.hidden // 64, "env.max_new_tokens": 16})

@@ -106,7 +106,7 @@ class HFPolicy(nn.Module):
         ``adapters=True`` the adapters alone under peft's names (what ``PeftModel.save_pretrained(...,
         state_dict=...)`` writes). The tensors are the module's own (parameters, not copies: a ZeRO-3
         engine's hold their shard only, see :meth:`TrainingBackend.rollout_weights
-        <agents.training.backend.TrainingBackend.rollout_weights>`); the value head is not the LM's."""
+        <agents.training.backends.base.TrainingBackend.rollout_weights>`); the value head is not the LM's."""
         if adapters:
             if not self.has_adapters:
                 raise ValueError("this policy has no adapters (model.lora_rank is 0)")

@@ -22,7 +22,7 @@ Weights: after the optimiser steps of an update :meth:`VLLMEngine.sync_weights` 
 :meth:`VLLMEngine.attach`'s post-step hook on the training backend, run before the next rollout) streams
 the trained model's weights into the engine through the model runner's ``reload_weights`` (which re-runs
 vLLM's post-load processing; a model's ``load_weights`` alone does not take effect on every backend),
-from the backend's :meth:`~agents.training.backend.TrainingBackend.rollout_weights`: one tensor at a time,
+from the backend's :meth:`~agents.training.backends.base.TrainingBackend.rollout_weights`: one tensor at a time,
 which a ZeRO-3 backend gathers in turn (unless they are whole already, within its ``generation()``), so
 that beyond its shards and vLLM's copy a rank need not hold the whole model. The iterator is handed over
 as it is, not as a list of every tensor: the engine runs in this process with one worker, which consumes

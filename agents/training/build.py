@@ -16,7 +16,7 @@ import torch
 
 from agents.learners.registry import lookup_algorithm
 from agents.policies.loading import load_policy
-from agents.training.backend import build_backend, training_dtype
+from agents.training.backends import build_backend, training_dtype
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
 from agents.training.data import RunData, split_data

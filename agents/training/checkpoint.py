@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from agents.training.backend import TrainingBackend
+    from agents.training.backends import TrainingBackend
 
 __all__ = [
     "CHECKPOINT_FILE", "capture_rng", "clean_run_folder", "load_checkpoint", "load_run", "load_run_backend",

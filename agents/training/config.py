@@ -321,7 +321,7 @@ class RunConfig:
         steps: training steps (each one rollout and its update).
         seed: seed of everything random in the run (model init, data order, sampling).
         device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
-        backend: the training backend, a registered one (:mod:`agents.training.backend`): ``torch`` (one
+        backend: the training backend, a registered one (:mod:`agents.training.backends`): ``torch`` (one
             device) or ``deepspeed`` (ZeRO data parallelism, one process per device under ``torchrun``).
             Its own settings are the ``backend`` group (``--backend.FIELD``; ``--run.backend NAME --help``
             lists them).
@@ -430,7 +430,7 @@ def _choice_classes(algo: str, engine: str, backend: str) -> dict[str, type]:
     imported here: they import this module's neighbours)."""
     from agents.learners.registry import lookup_algorithm
     from agents.rollout.engines import engine_options_class
-    from agents.training.backend import backend_options_class
+    from agents.training.backends import backend_options_class
 
     return {"algorithm": lookup_algorithm(algo).config_class, "engine": engine_options_class(engine),
             "backend": backend_options_class(backend)}

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from agents.training.backend import TrainingBackend
+    from agents.training.backends import TrainingBackend
 
 __all__ = ["copy_batch", "copy_warmup"]
 
@@ -40,7 +40,7 @@ def copy_warmup(
     batch_size: int = 32,
 ) -> list[float]:
     """Train the backend's policy (a causal LM returning ``.logits``) for ``steps`` steps of the backend
-    (:meth:`~agents.training.backend.TrainingBackend.supervised`: AdamW's defaults at a constant ``lr``) to
+    (:meth:`~agents.training.backends.base.TrainingBackend.supervised`: AdamW's defaults at a constant ``lr``) to
     continue :func:`copy_batch` strings: the loss is the mean cross-entropy of every token after the first
     ``length`` (the repeats). Returns each step's loss.
 

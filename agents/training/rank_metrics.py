@@ -5,7 +5,7 @@ from typing import Mapping
 
 import torch
 
-from agents.training.backend import TrainingBackend
+from agents.training.backends import TrainingBackend
 
 __all__ = ["all_rank_metrics"]
 

@@ -52,7 +52,7 @@ from agents.rollout.agent import RolloutAgent
 from agents.rollout.batch import TrainBatch, build_batch
 from agents.rollout.collect import RolloutTimings, collect_rollouts
 from agents.rollout.hf_sampler import HFSampler
-from agents.training.backend import TrainingBackend
+from agents.training.backends import TrainingBackend
 from agents.training.callbacks import Callback
 from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, restore_rng, save_run
 from agents.training.config import TrainConfig
@@ -94,7 +94,7 @@ class Trainer:
         policy: the policy rollouts sample from; ``backend`` owns and updates it (``backend.policy``).
         env: ``questions_per_step * group_size`` episodes side by side (or fewer: they run in waves).
         algorithm: advantages and losses (:mod:`agents.learners`).
-        backend: models, optimisers, micro-batches and the optimiser step (:mod:`agents.training.backend`).
+        backend: models, optimisers, micro-batches and the optimiser step (:mod:`agents.training.backends`).
         eval_env / eval_questions: held-out questions (indices into ``eval_env``'s dataset, or examples);
             no evaluation without them.
         agent_factory: builds the rollout agent (default: :class:`~agents.rollout.hf_sampler.HFSampler`
@@ -398,7 +398,7 @@ class Trainer:
         return getattr(self.agent_factory, "engine", None)
 
     def _decoding(self) -> Any:
-        """The backend's :meth:`~agents.training.backend.TrainingBackend.generation` block when the trained
+        """The backend's :meth:`~agents.training.backends.base.TrainingBackend.generation` block when the trained
         policy itself decodes; none with a rollout engine, which holds its own copy of the weights and
         takes them parameter by parameter when they are stale (gathering a ZeRO-3 policy whole for it
         would undo that)."""

@@ -22,7 +22,7 @@ import torch
 
 from agents.learners import Algorithm
 from agents.rollout.batch import TrainBatch
-from agents.training.backend import TrainingBackend
+from agents.training.backends import TrainingBackend
 from agents.training.config import OptimConfig
 
 __all__ = ["by_length", "engine_mismatch", "old_logprobs_from_update", "score_batch", "to_device", "update_batch"]

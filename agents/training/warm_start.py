@@ -24,7 +24,7 @@ import torch
 from agents.policies.policy import HFPolicy
 from agents.rollout.batch import TrainBatch, build_batch
 from agents.scripted.demonstrations import Demonstrations, make_demonstrations
-from agents.training.backend import TrainingBackend
+from agents.training.backends import TrainingBackend
 from agents.training.config import TrainConfig
 from agents.training.console_log import bar_drawn, format_duration, say
 from agents.training.copy_warmup import copy_warmup
@@ -119,7 +119,7 @@ def warm_start(
     save: Callable[[WarmStartProgress], None] | None = None,
 ) -> WarmStartResult:
     """Clone ``warm_start.examples`` demonstrations into ``backend.policy`` with ``warm_start.steps``
-    optimiser steps of the backend (:meth:`~agents.training.backend.TrainingBackend.supervised`: a fresh
+    optimiser steps of the backend (:meth:`~agents.training.backends.base.TrainingBackend.supervised`: a fresh
     AdamW of its own, the backend's gradient clipping and non-finite-gradient guard).
 
     Demonstrations are played in ``env`` (a :class:`~search_env.SearchQAEnv`, or a single environment made

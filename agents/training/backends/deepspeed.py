@@ -34,7 +34,7 @@ The maths of a step stay those of one process:
   any is short of groups;
 * the learning-rate schedule counts training steps (:meth:`finish_step`), as :class:`TorchBackend`'s does.
 
-The DeepSpeed config is derived from the run's (:func:`deepspeed_config`): micro batch, clipping, ZeRO
+The DeepSpeed config is derived from the run's (:func:`deepspeed_setup.deepspeed_config`): micro batch, clipping, ZeRO
 stage, precision (bf16 on a GPU that has it, fp32 on a CPU); ``backend.config`` names a JSON file
 whose keys override the derived ones (nested groups merged key by key). No ``"auto"`` may remain.
 
@@ -43,7 +43,7 @@ decoding (with the engine's per-module hooks lifted meanwhile, so that decoding,
 from rank to rank, runs no collective) and shards them again after. The frozen reference is sharded too
 (a ZeRO-3 engine without optimiser); under ZeRO-2 it is a whole copy (stage 0). Without mixed precision
 (fp32 on a CPU) the engine's master weights are the parameter partition itself, not a copy of it
-(:func:`share_master_weights`): a rank holds its parameters (ZeRO-2: whole; ZeRO-3: its shard) and its
+(:func:`deepspeed_setup.share_master_weights`): a rank holds its parameters (ZeRO-2: whole; ZeRO-3: its shard) and its
 shard of the AdamW moments, nothing more.
 
 PPO's separate critic (``algorithm.critic: separate``) is a second engine at the same ZeRO stage, with its
@@ -66,13 +66,7 @@ the frozen base out (it is loaded again from ``model.name``).
 """
 from __future__ import annotations
 
-import atexit
-import copy
-import json
-import os
-import socket
-import sys
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -82,152 +76,22 @@ import torch
 from agents.learners.config import warmup_steps
 from agents.policies.policy import HFPolicy, PolicyOutput, ValueModel
 from agents.rollout.batch import TrainBatch
-from agents.training.backend import TrainingBackend, _linear_warmup, register_backend
+from agents.training.backends.base import register_backend, split_micro_batches
+from agents.training.backends.deepspeed_setup import deepspeed_config, import_deepspeed, share_master_weights
+from agents.training.backends.distributed import DataParallelBackend, check_world, init_process_group, launcher_world_size
+from agents.training.backends.models import frozen_copy, trainable, trained_models
+from agents.training.backends.schedules import warmup_schedule
 from agents.training.config import TrainConfig
 
 if TYPE_CHECKING:
-    from agents.learners import Algorithm, BatchCounts
+    from agents.learners import Algorithm
 
-__all__ = ["DeepSpeedBackend", "DeepSpeedOptions", "deepspeed_config", "import_deepspeed"]
+__all__ = ["DeepSpeedBackend", "DeepSpeedOptions"]
 
 #: The tag of the engine's checkpoint inside the backend's folder.
 ENGINE_TAG = "engine"
 #: The tag of the separate critic's engine checkpoint (PPO with ``algorithm.critic: separate``).
 CRITIC_TAG = "critic"
-
-
-def import_deepspeed() -> Any:
-    """The ``deepspeed`` module, or one ``ImportError`` line naming the extra that installs it.
-
-    DeepSpeed's logger writes to the ``sys.stdout`` of the moment it is made, at import: it is imported
-    with stdout pointing at stderr, so that its lines (the accelerator it picked, its warnings) stay off
-    the training command's stdout, which holds the run's own results.
-    """
-    try:
-        with redirect_stdout(sys.stderr):
-            import deepspeed
-    except ImportError:
-        raise ImportError("run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym[deepspeed]'") from None
-    return deepspeed
-
-
-def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16_ok: bool,
-                     hidden_size: int | None = None) -> dict[str, Any]:
-    """The engine's config for a run: derived from ``config`` (micro batch, clipping, ZeRO stage,
-    precision), then overridden by the keys of the JSON file ``backend.config`` names.
-
-    Raises:
-        ValueError: the file cannot be read, or a value is left ``"auto"`` (this backend resolves none).
-    """
-    run, optim, options = config.run, config.optim, config.backend
-    micro = optim.micro_batch_size if optim.micro_batch_size > 0 else 1
-    zero: dict[str, Any] = {"stage": options.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
-    if options.zero_stage == 3 and hidden_size:
-        h = hidden_size
-        zero.update({"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h),
-                     "stage3_param_persistence_threshold": 10 * h})
-    derived: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": micro * world_size,
-        # step() is the accumulation boundary: the trainer decides how many micro-batches an update has.
-        "managed_gradient_accumulation": False,
-        "gradient_clipping": optim.max_grad_norm,
-        "zero_optimization": zero,
-        "bf16": {"enabled": bool(on_gpu and bf16_ok and run.dtype != "fp32")},
-        "fp16": {"enabled": False},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10 ** 9,
-        "wall_clock_breakdown": False,
-    }
-    if options.config:
-        path = Path(options.config)
-        try:
-            overrides = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"backend.config {path}: {' '.join(str(exc).split())}") from None
-        if not isinstance(overrides, dict):
-            raise ValueError(f"backend.config {path} must hold a JSON object")
-        derived = _merged(derived, overrides)
-    left = _auto_keys(derived)
-    if left:
-        raise ValueError(f"the DeepSpeed config leaves {', '.join(left)} as \"auto\"; give a value "
-                         "(this backend derives micro batch, clipping and precision from the run's config)")
-    return derived
-
-
-def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def _auto_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
-    found = []
-    for key, value in values.items():
-        if isinstance(value, dict):
-            found += _auto_keys(value, f"{prefix}{key}.")
-        elif value == "auto":
-            found.append(prefix + key)
-    return found
-
-
-def init_distributed(deepspeed: Any, on_gpu: bool) -> None:
-    """Join the launcher's process group (torchrun's or DeepSpeed's environment), or start a group of one
-    when the command was run without a launcher; the group joined here is ended by the process's exit
-    handlers. A command that joins one ends through :func:`agents.training.rank_exit.run_main`, as
-    ``agents.train`` does: ending the group does not stop gloo's threads, which can abort the process
-    as the interpreter is finalised (the module says why)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return
-    if "RANK" not in os.environ:  # a plain `python -m agents.train`: one rank
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
-    atexit.register(_end_process_group)
-
-
-def _end_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def share_master_weights(optimizer: Any) -> None:
-    """Make a ZeRO optimiser's master partitions the very buffers of this rank's parameter partition
-    where the two have the same dtype and device (training without mixed precision, as in fp32 on a CPU),
-    instead of a copy of them.
-
-    Why: with nothing to convert, the copy is a second fp32 image of the partition (4 bytes per parameter
-    over the ranks) that only ever holds the same values: the step writes the master and then copies it
-    into the parameters. DeepSpeed's ZeRO-3 means to share them in that case but compares a
-    ``torch.device`` with a device name (never equal), and ZeRO-2 always clones. Sharing leaves every
-    value, and the engine's own copies between the two (now from a buffer onto itself), as they were.
-    """
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if hasattr(optimizer, "fp32_partitioned_groups_flat"):  # ZeRO-3
-        pairs = list(zip(getattr(optimizer, "fp16_partitioned_groups_flat", []), optimizer.fp32_partitioned_groups_flat))
-    elif hasattr(optimizer, "single_partition_of_fp32_groups"):  # ZeRO-1/2
-        import torch.distributed as dist
-
-        pairs = [(partitions[dist.get_rank(group=group)], master) for partitions, master, group in
-                 zip(optimizer.parallel_partitioned_bit16_groups, optimizer.single_partition_of_fp32_groups,
-                     optimizer.real_dp_process_group)]
-    for partition, master in pairs:
-        same_kind = partition is not None and (partition.dtype, partition.device, partition.shape) == \
-            (master.dtype, master.device, master.shape)
-        if same_kind and master.numel() and master.untyped_storage().data_ptr() != partition.untyped_storage().data_ptr():
-            master.data = partition.data
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -237,7 +101,7 @@ class DeepSpeedOptions:
     Attributes:
         zero_stage: the ZeRO stage: 2 (optimiser states and gradients sharded) or 3 (parameters too).
         config: a JSON file whose keys override the engine config derived from the run's
-            (:func:`deepspeed_config`; nested groups merged key by key).
+            (:func:`deepspeed_setup.deepspeed_config`; nested groups merged key by key).
     """
 
     zero_stage: int = 2
@@ -249,7 +113,7 @@ class DeepSpeedOptions:
 
 
 @register_backend("deepspeed", options=DeepSpeedOptions)
-class DeepSpeedBackend(TrainingBackend):
+class DeepSpeedBackend(DataParallelBackend):
     """The policy (and a value head) in a DeepSpeed ZeRO engine, one process per device (module docstring);
     a separate critic in an engine of its own.
 
@@ -272,14 +136,10 @@ class DeepSpeedBackend(TrainingBackend):
 
         accelerator = get_accelerator()
         on_gpu = accelerator.device_name() not in ("cpu",)
-        init_distributed(deepspeed, on_gpu)
-        import torch.distributed as dist
-
-        self._dist = dist
-        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        init_process_group(on_gpu, lambda name: deepspeed.init_distributed(dist_backend=name, auto_mpi_discovery=False, verbose=False))
+        self._join(torch.device(accelerator.current_device_name()) if on_gpu else torch.device("cpu"))
         self.config = config
         self.stage = config.backend.zero_stage
-        self._device = torch.device(accelerator.current_device_name()) if on_gpu else torch.device("cpu")
         if on_gpu and self.stage not in (2, 3):
             raise ValueError(f"backend.zero_stage {self.stage} is not one this backend runs (2 or 3)")
         bf16_ok = on_gpu and accelerator.is_bf16_supported()
@@ -289,7 +149,7 @@ class DeepSpeedBackend(TrainingBackend):
         self.ds_config = deepspeed_config(config, self._world, on_gpu=on_gpu, bf16_ok=bf16_ok, hidden_size=hidden)
         policy.to(self._device)
         # Before the policy's weights are sharded; a LoRA policy's reference is its base (adapters off), no copy.
-        reference = copy.deepcopy(policy) if with_reference and not policy.has_adapters else None
+        reference = frozen_copy(policy) if with_reference and not policy.has_adapters else None
         optim = config.optim
         self.engine, self.client_optimizer, self.scheduler = self._trained_engine(
             policy, optim.learning_rate, warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps))
@@ -314,28 +174,20 @@ class DeepSpeedBackend(TrainingBackend):
 
     @classmethod
     def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> DeepSpeedBackend:
-        """A separate critic (PPO without a value head) starts as a copy of the policy's model, as
-        :meth:`TorchBackend.from_config`'s does. A world size that does not divide
+        """A separate critic (PPO without a value head) starts as a copy of the policy's model
+        (:func:`~agents.training.backends.models.trained_models`). A world size that does not divide
         ``rollout.questions_per_step`` (a question's group is never split between ranks) is one line."""
-        critic, options = None, {}
-        if algorithm.uses_critic and not algorithm.value_head:
-            critic = ValueModel(copy.deepcopy(policy.model))
-            algo = config.algorithm
-            options = {"critic_learning_rate": algo.critic_lr,
-                       "critic_warmup_steps": warmup_steps(algo.critic_warmup_steps, algo.critic_warmup_ratio, config.run.steps)}
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        check_world(config, world)
-        return cls(policy, config, critic=critic, with_reference=algorithm.uses_reference, **options)
+        check_world(config, launcher_world_size())
+        return cls(policy, config, **trained_models(config, policy, algorithm).options())
 
     def _trained_engine(self, model: torch.nn.Module, learning_rate: float,
                         warmup: int) -> tuple[Any, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
         """``model`` in a ZeRO engine with an AdamW of the run's settings at ``learning_rate`` and a linear
         warm-up over ``warmup`` training steps: (engine, the AdamW the engine steps, its schedule)."""
         optim = self.config.optim
-        trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA policy's frozen base is not
-        optimizer = torch.optim.AdamW(trained, lr=learning_rate, betas=tuple(optim.adam_betas),
+        optimizer = torch.optim.AdamW(trainable(model.parameters()), lr=learning_rate, betas=tuple(optim.adam_betas),
                                       weight_decay=optim.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _linear_warmup(warmup))
+        scheduler = warmup_schedule(optimizer, warmup)
         try:
             engine, *_ = import_deepspeed().initialize(model=model, optimizer=optimizer, config=self.ds_config)
         except (AssertionError, NotImplementedError) as exc:
@@ -345,11 +197,8 @@ class DeepSpeedBackend(TrainingBackend):
         return engine, optimizer, scheduler
 
     def _frozen(self, model: HFPolicy) -> Any:
-        """A frozen copy for reference log-probs: sharded (a ZeRO-3 engine without optimiser) under
-        ZeRO-3, whole (stage 0) otherwise."""
-        model.eval()
-        for param in model.parameters():
-            param.requires_grad_(False)
+        """The frozen copy ``model`` for reference log-probs: sharded (a ZeRO-3 engine without optimiser)
+        under ZeRO-3, whole (stage 0) otherwise."""
         if self.stage < 3:
             return model
         deepspeed = import_deepspeed()
@@ -359,39 +208,6 @@ class DeepSpeedBackend(TrainingBackend):
         engine, *_ = deepspeed.initialize(model=model, config=ref_config)
         engine.eval()
         return engine
-
-    # -- data parallelism ------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.detach().to(self._device, torch.float64 if self._device.type == "cpu" else torch.float32).clone()
-        self._dist.all_reduce(out)
-        return out.to(tensor.device, tensor.dtype)
-
-    def barrier(self) -> None:
-        self._dist.barrier()
-
-    def broadcast_object(self, obj: Any) -> Any:
-        box = [obj]
-        self._dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        box: list[Any] = [None] * self._world
-        self._dist.all_gather_object(box, obj)
-        return box
-
-    def reduce_counts(self, counts: BatchCounts) -> BatchCounts:
-        from agents.learners import BatchCounts
-
-        summed = self.all_reduce_sum(torch.tensor([counts.tokens, counts.sequences], dtype=torch.float64))
-        return BatchCounts(tokens=float(summed[0]), sequences=float(summed[1]), norm_length=counts.norm_length)
 
     @contextmanager
     def generation(self) -> Iterator[None]:
@@ -487,8 +303,7 @@ class DeepSpeedBackend(TrainingBackend):
                 mine.data.copy_(theirs.data)
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        size = self.config.optim.micro_batch_size
-        return batch.micro_batches(size if size > 0 else max(len(batch), 1))
+        return split_micro_batches(batch, self.config.optim.micro_batch_size)
 
     # -- optimisation ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -561,18 +376,6 @@ class DeepSpeedBackend(TrainingBackend):
                 group.update({"lr": lr, **{key: before[key] for key in settings}})
             self.client_optimizer.state.clear()
 
-    def _check_same_on_every_rank(self, loss: float) -> None:
-        """One ``ValueError`` line, on every rank, when a warm-start step's loss differs between ranks."""
-        if self._world == 1:
-            return
-        both = torch.tensor([loss, -loss], dtype=torch.float64 if self._device.type == "cpu" else torch.float32,
-                            device=self._device)
-        self._dist.all_reduce(both, op=self._dist.ReduceOp.MAX)
-        highest, lowest = float(both[0]), -float(both[1])
-        if highest - lowest > 1e-5 * max(1.0, abs(highest)):
-            raise ValueError(f"the warm start's loss differs between ranks ({lowest:.6g} to {highest:.6g}): every rank "
-                             "must clone the same demonstrations (the same dataset, seed and warm_start settings)")
-
     def train(self) -> None:
         self.engine.train()
         if self.critic_engine is not None:
@@ -637,14 +440,3 @@ class DeepSpeedBackend(TrainingBackend):
             elif (folder / "reference").is_dir():
                 self.reference.load_checkpoint(str(folder), tag="reference", load_optimizer_states=False,
                                                load_lr_scheduler_states=False)
-
-
-def check_world(config: TrainConfig, world: int) -> None:
-    """One line when ``world`` ranks cannot share a step's questions and mini-batches evenly."""
-    questions = config.rollout.questions_per_step
-    if questions % world:
-        raise ValueError(f"{world} ranks cannot share rollout.questions_per_step={questions} "
-                         f"(a question's group stays on one rank): use a multiple of {world}")
-    mini = config.optim.mini_batch_size
-    if mini and mini % world:
-        raise ValueError(f"{world} ranks cannot share optim.mini_batch_size={mini} evenly: use a multiple of {world}")

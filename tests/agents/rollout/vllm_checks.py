@@ -115,7 +115,7 @@ def check_sync() -> dict:
     for from within vLLM's ``reload_weights`` (a list of them all would be built before it is called)."""
     from agents.learners import GRPO, GRPOConfig
     from agents.policies.loading import load_policy
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.config import OptimConfig, TrainConfig
 
     policy = load_policy("tiny", seed=0)
@@ -162,7 +162,7 @@ def check_lora() -> dict:
     from agents.learners import GRPO, GRPOConfig
     from agents.policies.config import ModelConfig
     from agents.policies.loading import load_policy
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.build import rollout_engine
     from agents.training.config import EnvConfig, OptimConfig, RolloutConfig, TrainConfig
 
@@ -271,7 +271,7 @@ def check_multi_turn() -> dict:
     from agents.learners import GRPO, GRPOConfig
     from agents.policies.policy import HFPolicy
     from agents.rollout.batch import build_batch
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.build import rollout_engine
     from agents.training.config import EnvConfig, RolloutConfig, TrainConfig
     from search_env import available_protocols

@@ -1,10 +1,11 @@
 """One update of a tiny policy on a fixed global batch, on one process (``--backend torch``) or on each
-rank of a ``torchrun`` group (``--backend deepspeed``), each rank holding one question group; rank 0 writes
-the updated parameters (and a separate critic's) and the logged statistics to ``--out``. The DeepSpeed tests
-compare the two.
+rank of a ``torchrun`` group (``--backend deepspeed`` or ``fsdp``), each rank holding one question group;
+rank 0 writes the updated parameters (and a separate critic's) and the logged statistics to ``--out``. The
+DeepSpeed and FSDP tests compare the two.
 
     python -m tests.agents.training.ds_equivalence --algo grpo --backend torch --out a.pt
     torchrun --nproc_per_node 2 -m tests.agents.training.ds_equivalence --algo grpo --backend deepspeed --zero 3 --out b.pt
+    torchrun --nproc_per_node 2 -m tests.agents.training.ds_equivalence --algo grpo --backend fsdp --out c.pt
 
 ``--algo ppo`` trains a value head; ``--algo ppo --critic separate`` a separate critic, with a learning rate
 and a warm-up of its own, so that a critic stepped with the policy's settings shows. ``--lora-rank 4`` trains
@@ -51,7 +52,12 @@ def global_batch(vocab: int, *, second_group_equal: bool = False):
 
 
 def whole_parameters(backend, module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``module``'s parameters, whole (gathered on every rank from a ZeRO-3 engine's shards)."""
+    """``module``'s parameters, whole (gathered on every rank from a ZeRO-3 engine's or FSDP's shards)."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone().cpu()
+                for name, p in module.named_parameters()}
     if getattr(backend, "stage", 0) < 3:
         return {name: p.detach().clone().cpu() for name, p in module.named_parameters()}
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
@@ -78,17 +84,19 @@ def main() -> None:
 
     from agents.learners.registry import lookup_algorithm
     from agents.policies.loading import load_policy
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.config import TrainConfig
     from agents.training.update import by_length, score_batch, update_batch
 
     torch.set_num_threads(1)
     changes = {
-        "run.backend": args.backend, "run.zero_stage": args.zero, "rollout.questions_per_step": GROUPS,
+        "run.backend": args.backend, "rollout.questions_per_step": GROUPS,
         "algorithm.group_size": GROUP_SIZE, "optim.micro_batch_size": 2, "optim.mini_batch_size": 0,
         "optim.update_epochs": 2, "optim.learning_rate": 1e-3, "algorithm.kl_coef": 0.01, "env.max_new_tokens": 16,
         "model.tiny_hidden": 32, "model.tiny_heads": 2, "model.tiny_layers": 1, "model.lora_rank": args.lora_rank,
     }
+    if args.backend == "deepspeed":
+        changes["backend.zero_stage"] = args.zero
     if args.algo == "ppo":
         changes["algorithm.critic"] = args.critic
         if args.critic == "separate":

@@ -45,12 +45,14 @@ def main() -> None:
     args = parser.parse_args()
 
     from agents.learners import GRPO
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.config import TrainConfig
 
     torch.set_num_threads(1)
-    config = TrainConfig("grpo").updated({"run.backend": args.backend, "run.zero_stage": args.zero,
-                                          "rollout.questions_per_step": 2, "model.lora_rank": args.lora_rank})
+    changes = {"run.backend": args.backend, "rollout.questions_per_step": 2, "model.lora_rank": args.lora_rank}
+    if args.backend == "deepspeed":
+        changes["backend.zero_stage"] = args.zero
+    config = TrainConfig("grpo").updated(changes)
     policy = tiny_policy(args.lora_rank)
     backend = build_backend(config, policy, GRPO(config.algorithm))
     sharded = args.backend == "deepspeed" and args.zero == 3

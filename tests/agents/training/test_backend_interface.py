@@ -13,12 +13,12 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers", "matplotlib")
 import torch  # noqa: E402
 
-from agents.training.backend import BACKENDS, TorchBackend, TrainingBackend, register_backend  # noqa: E402
+from agents.training.backends import BACKENDS, TorchBackend, TorchOptions, TrainingBackend, register_backend  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from tests.agents.training.tiny import records, small_config  # noqa: E402
 
 
-@register_backend("fake")
+@register_backend("fake", options=TorchOptions)
 class RecordingBackend(TrainingBackend):
     """Another backend: every method call is counted, and the work is a torch backend's."""
 
@@ -134,5 +134,5 @@ def test_the_trainer_trains_through_a_registered_backend_of_its_own(tmp_path, fa
 
 
 def test_an_unknown_backend_is_a_one_line_error(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown backend 'deepspeeed'.*torch"):
+    with pytest.raises(ValueError, match=r"^unknown run.backend 'deepspeeed'; known: deepspeed, .*fsdp, torch; did you mean 'deepspeed'\?$"):
         build_trainer(small_config("grpo", tmp_path, {"run.backend": "deepspeeed", "eval.questions": 0}))

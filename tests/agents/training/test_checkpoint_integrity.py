@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy  # noqa: E402
-from agents.training.backend import BACKEND_FILE, TorchBackend  # noqa: E402
+from agents.training.backends import BACKEND_FILE, TorchBackend  # noqa: E402
 from agents.training.checkpoint import load_checkpoint, load_run, save_checkpoint, save_run  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 

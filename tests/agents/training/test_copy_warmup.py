@@ -8,7 +8,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.training.backend import TorchBackend  # noqa: E402
+from agents.training.backends import TorchBackend  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.copy_warmup import copy_batch, copy_warmup  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402

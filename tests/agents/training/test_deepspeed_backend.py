@@ -22,7 +22,8 @@ skip_without("deepspeed", "deepspeed")
 import torch  # noqa: E402
 
 from agents.training.config import TrainConfig  # noqa: E402
-from agents.training.deepspeed_backend import check_world, deepspeed_config  # noqa: E402
+from agents.training.backends.deepspeed_setup import deepspeed_config
+from agents.training.backends.distributed import check_world  # noqa: E402
 from tests.agents.training.torchrun import ROOT, rank_env, torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
@@ -99,7 +100,7 @@ def test_every_rank_starts_rl_from_the_single_process_warm_start(tmp_path, zero)
 
 
 def test_a_warm_start_whose_loss_differs_between_ranks_is_one_line():
-    from agents.training.deepspeed_backend import DeepSpeedBackend
+    from agents.training.backends.deepspeed import DeepSpeedBackend
 
     class TwoRanks:  # all_reduce(MAX) over this rank's [loss, -loss] and another rank's at 2.5
         class ReduceOp:
@@ -130,7 +131,7 @@ def test_a_separate_critic_is_checkpointed_by_its_own_engine(tmp_path):
 
 
 def _train(tmp_path: Path, out: str, *flags: str) -> None:
-    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--run.zero_stage", "3", "--run.steps", "2",
+    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--backend.zero_stage", "3", "--run.steps", "2",
              "--rollout.questions_per_step", "2", "--algorithm.group_size", "2", "--env.max_new_tokens", "12",
              "--data.world_size", "30", "--eval.questions", "2", "--optim.micro_batch_size", "2",
              "--optim.learning_rate", "1e-3", "--algorithm.kl_coef", "0.01", "--model.tiny_layers", "1",
@@ -162,7 +163,8 @@ def test_a_world_size_that_does_not_divide_the_questions_is_one_line():
 
 
 def test_the_engine_config_is_derived_and_overridden_by_the_json_file(tmp_path):
-    config = TrainConfig("grpo").updated({"optim.micro_batch_size": 4, "optim.max_grad_norm": 0.5, "run.zero_stage": 3})
+    config = TrainConfig("grpo").updated({"optim.micro_batch_size": 4, "optim.max_grad_norm": 0.5, "run.backend": "deepspeed",
+                                          "backend.zero_stage": 3})
     derived = deepspeed_config(config, 2, on_gpu=False, bf16_ok=False, hidden_size=64)
     assert derived["train_micro_batch_size_per_gpu"] == 4 and derived["train_batch_size"] == 8
     assert derived["gradient_clipping"] == 0.5 and derived["zero_optimization"]["stage"] == 3
@@ -170,21 +172,21 @@ def test_the_engine_config_is_derived_and_overridden_by_the_json_file(tmp_path):
     assert deepspeed_config(config, 2, on_gpu=True, bf16_ok=True)["bf16"] == {"enabled": True}
     overrides = tmp_path / "ds.json"
     overrides.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1000}, "steps_per_print": 5}))
-    merged = deepspeed_config(config.updated({"run.deepspeed_config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
+    merged = deepspeed_config(config.updated({"backend.config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
     assert merged["zero_optimization"]["reduce_bucket_size"] == 1000 and merged["zero_optimization"]["stage"] == 3
     assert merged["steps_per_print"] == 5
     overrides.write_text(json.dumps({"gradient_clipping": "auto"}))
     with pytest.raises(ValueError, match="leaves gradient_clipping as \"auto\""):
-        deepspeed_config(config.updated({"run.deepspeed_config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
+        deepspeed_config(config.updated({"backend.config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
 
 
 def test_a_zero_stage_other_than_2_or_3_is_one_line():
-    with pytest.raises(ValueError, match="run.zero_stage must be 2 or 3, got 1"):
-        TrainConfig("grpo").updated({"run.zero_stage": 1})
+    with pytest.raises(ValueError, match="backend.zero_stage must be 2 or 3, got 1"):
+        TrainConfig("grpo").updated({"run.backend": "deepspeed", "backend.zero_stage": 1})
 
 
 def test_deepspeed_missing_is_one_line_naming_the_extra(monkeypatch):
-    from agents.training.deepspeed_backend import import_deepspeed
+    from agents.training.backends.deepspeed_setup import import_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(ImportError, match=r"^run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym\[deepspeed\]'$"):
@@ -194,7 +196,7 @@ def test_deepspeed_missing_is_one_line_naming_the_extra(monkeypatch):
 def test_deepspeeds_own_log_lines_stay_off_stdout():
     """DeepSpeed logs to the stdout of its import (the accelerator it picked, its warnings); imported
     through the backend, they go to stderr, and a training command's stdout keeps only its own lines."""
-    code = ("from agents.training.deepspeed_backend import import_deepspeed\n"
+    code = ("from agents.training.backends.deepspeed_setup import import_deepspeed\n"
             "deepspeed = import_deepspeed()\n"
             "from deepspeed.accelerator import get_accelerator\n"
             "get_accelerator()\n"

@@ -62,7 +62,7 @@ def test_two_ranks_train_the_adapters_as_one_process_does(tmp_path, zero):
 
 
 def _train(tmp_path: Path, out: str, zero: int, *flags: str) -> None:
-    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--run.zero_stage", str(zero), "--run.steps", "2",
+    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--backend.zero_stage", str(zero), "--run.steps", "2",
              "--rollout.questions_per_step", "2", "--algorithm.group_size", "2", "--env.max_new_tokens", "12",
              "--data.world_size", "30", "--eval.questions", "0", "--optim.micro_batch_size", "2",
              "--optim.learning_rate", "1e-2", "--algorithm.kl_coef", "0.01", "--model.tiny_layers", "1",

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from agents.policies.config import ModelConfig  # noqa: E402
 from agents.policies.loading import load_policy  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
-from agents.training.backend import TorchBackend, training_dtype  # noqa: E402
+from agents.training.backends import TorchBackend, training_dtype  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402

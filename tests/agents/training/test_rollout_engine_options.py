@@ -16,7 +16,7 @@ from agents.policies.loading import load_policy  # noqa: E402
 from agents.rollout.batch import build_batch  # noqa: E402
 from agents.rollout.collect import collect_rollouts  # noqa: E402
 from agents.rollout.hf_sampler import HFSampler  # noqa: E402
-from agents.training.backend import build_backend  # noqa: E402
+from agents.training.backends import build_backend  # noqa: E402
 from agents.training.build import VLLM_TIS_CAP, engine_defaults  # noqa: E402
 from agents.training.config import OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
 from agents.training.update import score_batch  # noqa: E402

@@ -35,7 +35,7 @@ def adapter_state_dict(policy) -> dict[str, torch.Tensor]:
 
 def test_the_torch_backend_gives_the_state_dict():
     from agents.learners import GRPO
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.config import TrainConfig
 
     config = TrainConfig("grpo")
@@ -47,7 +47,7 @@ def test_the_torch_backend_gives_the_state_dict():
 def test_a_lora_policy_gives_its_base_by_the_plain_names_and_its_adapters_by_peft_s():
     skip_without("lora", "peft")
     from agents.learners import GRPO
-    from agents.training.backend import build_backend
+    from agents.training.backends import build_backend
     from agents.training.config import TrainConfig
 
     config = TrainConfig("grpo").updated({"model.lora_rank": 4})

@@ -15,7 +15,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.training.backend import TorchBackend  # noqa: E402
+from agents.training.backends import TorchBackend  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
 from agents.training.checkpoint import capture_rng, load_checkpoint, load_run, restore_rng, save_checkpoint, save_run  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402

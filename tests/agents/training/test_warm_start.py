@@ -9,7 +9,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.training.backend import TorchBackend  # noqa: E402
+from agents.training.backends import TorchBackend  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.scripted.demonstrations import make_demonstrations  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
