@@ -5,6 +5,8 @@ tokenizer; the ids in the trajectory are therefore those of that text, not neces
 server sampled (a different but equivalent segmentation is possible), and no log-probs come back. The
 environment and the reward still read one record, but the trajectories are not fit to train on:
 training needs a token-in/token-out sampler such as :class:`agents.rollout.hf_sampler.HFSampler`.
+:class:`EndpointEngine` is the registered ``endpoint`` engine (:mod:`agents.rollout.engines`) that makes
+these agents: ``endpoint:URL#MODEL`` in ``benchmarks.evaluate``; as ``rollout.engine`` it refuses to train.
 
 Each turn sends one request per running row (``max_concurrency`` at a time) with the row's whole
 context as the prompt, ``max_tokens`` set to the row's budget and the protocol's stop strings as
@@ -26,15 +28,18 @@ the deadline): one line naming the URL and what was wrong.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from urllib3.connection import HTTPConnection
 
 from agents.rollout.agent import Chunk, turn_stop_strings
+from agents.rollout.engines import EngineSetup, register_engine
 from search_env.data.example import QAExample
 from search_env.http_retry import (
     TRANSPORT_ERRORS, DeadlinePassed, HttpTarget, SocketCut, backoff_wait, exchange, is_final_rejection, retry_after_s,
@@ -43,7 +48,7 @@ from search_env.http_retry import (
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
 
-__all__ = ["CompletionsEndpointAgent", "EndpointError", "EndpointTimeout"]
+__all__ = ["CompletionsEndpointAgent", "EndpointEngine", "EndpointEngineOptions", "EndpointError", "EndpointTimeout"]
 
 _DETAIL_CHARS = 300  # of a server's error message, in an error's one line
 
@@ -248,6 +253,90 @@ class CompletionsEndpointAgent:
             connection.close()
             raise DeadlinePassed("the request's deadline passed")
         return reply.status, reply.headers, reply.data
+
+
+@dataclass
+class EndpointEngineOptions:
+    """Options of the ``endpoint`` engine (``--engine.FIELD`` with ``rollout.engine: endpoint``; the
+    ``endpoint:URL#MODEL`` agents of ``benchmarks.evaluate`` set ``url`` and ``model``).
+
+    Attributes:
+        url: the API root, e.g. ``http://localhost:8000/v1``.
+        model: the model name the server expects.
+        api_key_env: the environment variable holding the API key (unset or empty: none is sent).
+        send_ids / timeout_s / max_concurrency / retries / backoff_s: as :class:`CompletionsEndpointAgent`
+            takes them.
+    """
+
+    url: str = ""
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    send_ids: bool = False
+    timeout_s: float = 120.0
+    max_concurrency: int = 8
+    retries: int = 3
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if self.url and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError(f"engine.url must be an http(s) URL such as http://localhost:8000/v1, got {self.url!r}")
+        if not self.timeout_s > 0 or self.max_concurrency < 1 or self.retries < 0 or self.backoff_s < 0:
+            raise ValueError(f"engine.timeout_s must be > 0, engine.max_concurrency >= 1, engine.retries and engine.backoff_s "
+                             f">= 0; got {self.timeout_s}, {self.max_concurrency}, {self.retries}, {self.backoff_s}")
+
+
+class EndpointEngine:
+    """The ``endpoint`` rollout engine: agents that ask an OpenAI-compatible server (one
+    :class:`CompletionsEndpointAgent` per rollout, greedy as temperature 0, sampled with the agent's seed
+    in the request).
+
+    **Evaluation only**: the server serves weights of its own, which the trainer cannot update, and its
+    trajectories are re-encoded text (module docstring). :meth:`attach` and :meth:`sync` raise a one-line
+    ``ValueError``, so ``rollout.engine: endpoint`` stops when the trainer is built.
+    """
+
+    logprobs_are_trainers = False
+    decodes_trained_policy = False
+    needs_policy = False
+    reuse_logprobs = False
+
+    def __init__(self, options: EndpointEngineOptions, *, temperature: float = 1.0, top_p: float = 1.0) -> None:
+        if not options.url or not options.model:
+            raise ValueError("the endpoint engine needs engine.url and engine.model (e.g. http://localhost:8000/v1 and its model name)")
+        self.options, self.temperature, self.top_p = options, temperature, top_p
+        self.api_key = os.environ.get(options.api_key_env) or None
+
+    @classmethod
+    def build(cls, options: EndpointEngineOptions, setup: EngineSetup) -> EndpointEngine:
+        return cls(options, temperature=setup.temperature, top_p=setup.top_p)
+
+    def agent(self, *, greedy: bool, seed: int) -> CompletionsEndpointAgent:
+        options = self.options
+        return CompletionsEndpointAgent(options.url, options.model, temperature=0.0 if greedy else self.temperature,
+                                        top_p=self.top_p, api_key=self.api_key, send_ids=options.send_ids,
+                                        timeout_s=options.timeout_s, max_concurrency=options.max_concurrency,
+                                        retries=options.retries, backoff_s=options.backoff_s,
+                                        extra_body=None if greedy else {"seed": seed})
+
+    def attach(self, backend: Any) -> EndpointEngine:
+        raise ValueError(f"rollout.engine: endpoint serves fixed weights ({self.options.url}) and cannot be trained; "
+                         "it is for evaluation (benchmarks.evaluate --agents endpoint:URL#MODEL)")
+
+    def sync(self) -> None:
+        self.attach(None)
+
+    def sleep(self) -> None:
+        """Nothing held here: the server keeps its own memory."""
+
+    def wake_up(self) -> None:
+        """Always ready."""
+
+    def close(self) -> None:
+        """Nothing held: each agent closes its own connections."""
+
+
+register_engine("endpoint", EndpointEngine, options=EndpointEngineOptions)
 
 
 def _first_choice(data: bytes) -> dict[str, Any]:

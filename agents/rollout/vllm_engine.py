@@ -3,7 +3,8 @@
 :class:`VLLMEngine` builds one ``vllm.LLM`` from an :class:`~agents.policies.policy.HFPolicy` (the policy
 is written once as a model folder and vLLM loads it), colocated with the trainer: in the same process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and on the same device, taking ``memory_fraction`` of its memory.
-:meth:`VLLMEngine.agent` gives a :class:`VLLMAgent` for one rollout.
+:meth:`VLLMEngine.agent` gives a :class:`VLLMAgent` for one rollout. It is the ``vllm`` rollout engine
+(:mod:`agents.rollout.engines`): ``rollout.engine: vllm`` in training, ``vllm:MODEL`` in ``benchmarks.evaluate``.
 
 Token-in/token-out: every turn sends each row's whole context as token ids (the prompt's ids, the ids
 it sampled, the environment's ids, never text); prefix caching makes the part vLLM has seen before
@@ -18,7 +19,7 @@ applied), the quantity an importance ratio against the trainer's log-probs at th
 needs. The trainer logs their gap to its own (``rollout/logprob_gap_mean``); the learners' truncated
 importance sampling (``algorithm.tis_cap``) corrects for it.
 
-Weights: after the optimiser steps of an update :meth:`VLLMEngine.sync_weights` (made due by
+Weights: after the optimiser steps of an update :meth:`VLLMEngine.sync` (made due by
 :meth:`VLLMEngine.attach`'s post-step hook on the training backend, run before the next rollout) streams
 the trained model's weights into the engine through the model runner's ``reload_weights`` (which re-runs
 vLLM's post-load processing; a model's ``load_weights`` alone does not take effect on every backend),
@@ -55,7 +56,7 @@ import torch
 
 from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk, turn_stop_strings
-from agents.rollout.engines import register_engine
+from agents.rollout.engines import EngineSetup, register_engine
 from search_env.data.example import QAExample
 from search_env.protocols import Protocol
 from search_env.tokenization import TokenCodec
@@ -85,15 +86,6 @@ class VLLMEngineOptions:
     def __post_init__(self) -> None:
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"engine.memory_fraction must be in (0, 1], got {self.memory_fraction}")
-
-
-def _build(config: Any, policy: HFPolicy, backend: Any) -> Any:
-    from agents.training.build import rollout_engine  # the trainer's wiring of the engine (moves with the engine registry)
-
-    return rollout_engine(config, policy, backend)
-
-
-register_engine("vllm", options=VLLMEngineOptions, build=_build)
 
 
 def _import_vllm() -> Any:
@@ -150,7 +142,9 @@ def _lora_rank_slot(policy: HFPolicy) -> int:
 
 
 class VLLMEngine:
-    """A vLLM engine over ``policy``'s weights, kept in step with them.
+    """A vLLM engine over ``policy``'s weights, kept in step with them: a
+    :class:`~agents.rollout.engines.RolloutEngine` whose log-probs are its own (not the trainer's) and
+    whose copy of the weights follows the backend's optimiser steps (:meth:`attach`).
 
     Args:
         policy: the trained policy; its LM and tokenizer are written to a temporary model folder that
@@ -164,13 +158,21 @@ class VLLMEngine:
         dtype: the engine's weights (``"float32"`` matches a float32 trainer; ``"auto"``: the model's).
         sleep: release the engine's memory between rollouts (:meth:`sleep`, :meth:`wake_up`).
         seed: the engine's seed (each rollout's requests also carry their own seeds).
+        temperature / top_p: how its sampled agents sample, unless :meth:`agent` says otherwise.
         engine_kwargs: further ``vllm.LLM`` arguments.
     """
 
+    logprobs_are_trainers = False
+    decodes_trained_policy = False
+    needs_policy = True
+    reuse_logprobs = False
+
     def __init__(self, policy: HFPolicy, *, memory_fraction: float = 0.3, max_model_len: int = 4096,
-                 dtype: str = "float32", sleep: bool = False, seed: int = 0, **engine_kwargs: Any) -> None:
+                 dtype: str = "float32", sleep: bool = False, seed: int = 0, temperature: float = 1.0,
+                 top_p: float = 1.0, **engine_kwargs: Any) -> None:
         vllm = _import_vllm()
         self.policy, self.codec = policy, policy.codec
+        self.temperature, self.top_p = temperature, top_p
         self.sleep_enabled = bool(sleep)
         self._asleep = False
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
@@ -222,6 +224,14 @@ class VLLMEngine:
                 self.close()
                 raise
 
+    @classmethod
+    def build(cls, options: VLLMEngineOptions, setup: EngineSetup) -> VLLMEngine:
+        """The engine of ``rollout.engine: vllm``, built within ``setup.whole_weights()`` (a sharded
+        policy's weights are whole there to be written out)."""
+        with setup.whole_weights():
+            return cls(setup.policy, memory_fraction=options.memory_fraction, max_model_len=setup.max_context,
+                       sleep=options.sleep, seed=setup.seed, temperature=setup.temperature, top_p=setup.top_p)
+
     def own_precision(self) -> torch.autocast:
         """Within the block a caller's autocast is off for the engine's device: vLLM computes in its own
         ``dtype``, also where the trainer rolls out within a bf16 backend's ``generation()`` (autocast)."""
@@ -252,7 +262,7 @@ class VLLMEngine:
             yield name, tensor.detach()
 
     @torch.no_grad()
-    def sync_weights(self) -> None:
+    def sync(self) -> None:
         """Load the policy's current weights (with LoRA, its adapters) into the engine and drop the prefix
         cache (its keys and values were computed with the old weights)."""
         if self._asleep:
@@ -295,17 +305,20 @@ class VLLMEngine:
     def wake_up(self) -> None:
         """Ready for a rollout: woken, and its weights reloaded if it slept (sleep drops them) or they are stale."""
         if self._asleep or self.stale:
-            self.sync_weights()
+            self.sync()
 
     def _wake(self) -> None:
         self.llm.wake_up()
         self._asleep = False
 
     # -- rollouts -------------------------------------------------------------------------------------
-    def agent(self, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, seed: int = 0) -> VLLMAgent:
-        """The rollout agent for one rollout (see :class:`VLLMAgent`)."""
+    def agent(self, *, greedy: bool = False, seed: int = 0, temperature: float | None = None,
+              top_p: float | None = None) -> VLLMAgent:
+        """The rollout agent for one rollout (see :class:`VLLMAgent`), sampling at the engine's temperature
+        and top-p unless given others; the engine is woken (weights reloaded when stale) first."""
         self.wake_up()
-        return VLLMAgent(self, temperature=temperature, top_p=top_p, greedy=greedy, seed=seed)
+        return VLLMAgent(self, temperature=self.temperature if temperature is None else temperature,
+                         top_p=self.top_p if top_p is None else top_p, greedy=greedy, seed=seed)
 
     def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """The engine's log-prob of each id given the ids before it (temperature 1), token-aligned like
@@ -403,3 +416,6 @@ class VLLMAgent:
     def context_ids(self, row: int) -> list[int]:
         """The ids ``row``'s next request would send: its whole context as the engine sees it."""
         return list(self._contexts[row])
+
+
+register_engine("vllm", VLLMEngine, options=VLLMEngineOptions)

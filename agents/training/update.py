@@ -34,8 +34,9 @@ def score_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimConf
     """Fill the rollout policy's log-probs (unless the update's own pass gives them:
     :func:`old_logprobs_from_update`), the reference's and the critic's values, micro-batch by micro-batch.
 
-    ``reuse_logprobs`` (``rollout.reuse_logprobs``, for a sampler that runs the trained model itself): the
-    rollout's own log-probs are the rollout policy's, and the policy runs only where values are needed."""
+    ``reuse_logprobs`` (the trainer passes it for an engine whose log-probs are the trainer's own and whose
+    options ask for it: ``--engine.reuse_logprobs`` of the ``hf`` engine): the rollout's own log-probs are
+    the rollout policy's, and the policy runs only where values are needed."""
     backend.eval()
     rows, width = batch.input_ids.shape
     zeros = batch.input_ids.new_zeros((rows, width), dtype=torch.float32)

@@ -171,7 +171,7 @@ def _endpoint_kind(name: str, argument: str | None) -> AgentLoader:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"agent {name!r}: {url!r} is not an http(s) URL")
-    return lambda options: _load_engine(name, "endpoint", None, options, url=url, model=model)
+    return lambda options: _load_engine(name, "endpoint", None, options, {"url": url, "model": model})
 
 
 def _llm_kind(name: str, argument: str | None) -> AgentLoader:
@@ -297,13 +297,14 @@ def options_of_engine(engine: str, options: AgentOptions, **spec: Any) -> Any:
     return options_class(**fields)
 
 
-def _load_engine(name: str, engine: str, model: str | None, options: AgentOptions, **spec: Any) -> EvalAgent:
+def _load_engine(name: str, engine: str, model: str | None, options: AgentOptions,
+                 spec: Mapping[str, Any] | None = None) -> EvalAgent:
     """An agent of the rollout engine ``engine`` (over ``model``, loaded as ``hf:MODEL`` is, when the engine
-    needs a policy), sampling as ``options.decoding`` says. The engine (and model) is built by the first
+    needs a policy; ``spec``: options its spec gives), sampling as ``options.decoding`` says. The engine (and model) is built by the first
     ``build`` (a resumed run whose episodes are all done builds none) and kept until ``release``."""
     decoding = options.decoding
     entry = lookup_engine(engine)
-    settings = options_of_engine(engine, options, **spec)
+    settings = options_of_engine(engine, options, **(spec or {}))
     built: list[RolloutEngine] = []
 
     def rollout_engine() -> RolloutEngine:

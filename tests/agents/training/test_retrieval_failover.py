@@ -17,7 +17,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
 skip_without("server", "starlette", "pydantic", "uvicorn")
 from agents.scripted.agents import RetrieveThenAnswerAgent  # noqa: E402
-from agents.scripted.rollout_agent import ScriptedRolloutAgent  # noqa: E402
+from tests.agents.training.scripted_engine import ScriptedEngine  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.callbacks import Callback  # noqa: E402
 from agents.training.trainer import Trainer  # noqa: E402
@@ -51,7 +51,7 @@ def test_a_run_keeps_every_step_when_one_of_two_replicas_dies(tmp_path, caplog) 
     config = small_config("grpo", tmp_path / "run", {"run.steps": STEPS, "eval.questions": 0, "env.max_new_tokens": 200,
                                                      "data.dataset": str(dataset), "data.retrieval_url": f"{dead},{alive}"})
     trainer = build_trainer(config, callbacks=[StopServerAfter(servers[0], step=1)])
-    trainer.agent_factory = lambda greedy, seed: ScriptedRolloutAgent(RetrieveThenAnswerAgent)
+    trainer.engine = ScriptedEngine(RetrieveThenAnswerAgent)
     try:
         with caplog.at_level(logging.WARNING, logger="search_env.sources.remote"):
             result = trainer.train()

@@ -13,14 +13,15 @@ from tests.conftest import skip_without
 
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
 from agents.scripted.agents import RetrieveThenAnswerAgent  # noqa: E402
-from agents.scripted.rollout_agent import ScriptedRolloutAgent  # noqa: E402
+from tests.agents.training.scripted_engine import ScriptedEngine  # noqa: E402
 from agents.train import main  # noqa: E402
 from agents.training.build import build_trainer, env_options  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.data import split_data  # noqa: E402
 from agents.training.health import TrainingDiverged  # noqa: E402
 from agents.training.run_checks import recipe_warnings  # noqa: E402
-from agents.training.samples import MAX_TEXT_CHARS, SAMPLES_FILE, _cut  # noqa: E402
+from agents.training.run_files import SAMPLES_FILE  # noqa: E402
+from agents.training.samples import MAX_TEXT_CHARS, _cut  # noqa: E402
 from agents.training.trainer import Trainer  # noqa: E402
 from search_env import BatchSearchQAEnv  # noqa: E402
 from search_env.sources.base import Source, SourceError  # noqa: E402
@@ -127,8 +128,7 @@ def trainer_on_down_source(config: TrainConfig, timeout: bool = False) -> Traine
     env = BatchSearchQAEnv(built.env.num_envs, dataset=examples,
                            sources={name: DownSource(name, timeout) for name in sources},
                            **env_options(config, built.policy.codec))
-    return Trainer(config, built.policy, env, built.algorithm, built.backend,
-                   agent_factory=lambda greedy, seed: ScriptedRolloutAgent(RetrieveThenAnswerAgent))
+    return Trainer(config, built.policy, env, built.algorithm, built.backend, engine=ScriptedEngine(RetrieveThenAnswerAgent))
 
 
 @pytest.mark.parametrize("timeout", [False, True])
@@ -256,12 +256,12 @@ def test_an_output_folder_that_cannot_be_written_is_one_error_line_naming_it(tmp
 def test_a_full_disk_at_a_checkpoint_is_one_error_line_naming_it(tmp_path, capsys, monkeypatch):
     import errno
 
-    import agents.training.trainer as trainer_module
+    import agents.training.checkpoint as checkpoint_module
 
     def full_disk(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(trainer_module, "save_run", full_disk)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", full_disk)
     assert main(tiny_argv(tmp_path, "--eval.questions", "0")) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [f"error: could not write the checkpoint {tmp_path / 'checkpoint.pt'}: No space left on device"]
