@@ -41,17 +41,16 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from agents.learners import Algorithm
 from agents.policies.policy import HFPolicy
-from agents.rollout.agent import RolloutAgent
 from agents.rollout.batch import TrainBatch, build_batch
 from agents.rollout.collect import RolloutTimings, collect_rollouts
-from agents.rollout.hf_sampler import HFSampler
+from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
 from agents.training.backends import TrainingBackend
 from agents.training.callbacks import Callback
 from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, restore_rng, save_run
@@ -82,10 +81,6 @@ POLICY_DIR = "policy"
 #: Names of the random streams derived from (seed, step); fixed so that runs stay reproducible.
 _STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
 
-AgentFactory = Callable[[bool, int], RolloutAgent]
-"""``factory(greedy, seed)``: the rollout agent for one rollout (greedy decoding or sampling, seeded)."""
-
-
 class Trainer:
     """Trains ``policy`` with ``algorithm`` on the episodes of ``env`` (see the module docstring).
 
@@ -97,8 +92,9 @@ class Trainer:
         backend: models, optimisers, micro-batches and the optimiser step (:mod:`agents.training.backends`).
         eval_env / eval_questions: held-out questions (indices into ``eval_env``'s dataset, or examples);
             no evaluation without them.
-        agent_factory: builds the rollout agent (default: :class:`~agents.rollout.hf_sampler.HFSampler`
-            over the policy at the config's temperature and top-p); another rollout engine plugs in here.
+        engine: what samples the episodes (:class:`~agents.rollout.engines.RolloutEngine`); the trainer
+            attaches it to ``backend``. Default: the engine ``rollout.engine`` names, over ``policy``, at the
+            config's temperature and top-p (the HF sampler on the policy itself, for ``hf``).
         callbacks: run besides the loggers ``run.report_to`` asks for (:mod:`agents.training.callbacks`).
     """
 
@@ -112,14 +108,15 @@ class Trainer:
         *,
         eval_env: BatchSearchQAEnv | None = None,
         eval_questions: Sequence[int | QAExample] = (),
-        agent_factory: AgentFactory | None = None,
+        engine: RolloutEngine | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
         if backend.policy is not policy:
             raise ValueError("the backend must own the policy the trainer samples from (backend.policy is not policy)")
         self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
-        self.agent_factory = agent_factory or self._sampler
+        self.engine = engine if engine is not None else self._build_engine()
+        self.engine.attach(backend)  # it follows the optimiser steps from here on
         # With several data-parallel ranks (backend.world_size > 1) rank 0 alone runs the callbacks: it logs,
         # evaluates, and writes the run's files; every rank rolls out its share of the questions.
         self.callbacks: list[Callback] = ([*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
@@ -259,7 +256,7 @@ class Trainer:
         update_keys: set[str] = set()
         if float(self.backend.all_reduce_sum(trained)) > 0:  # every rank updates when any has trained tokens
             batch = to_device(batch, self.backend.device)
-            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=getattr(self.config.engine, "reuse_logprobs", False))
+            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=self.engine.logprobs_are_trainers and self.engine.reuse_logprobs)
             stats.update(engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             with_entropy = self.algorithm.needs_entropy or self.log_entropy
@@ -329,7 +326,7 @@ class Trainer:
                 seed = self._seed("rollout", round_, rank)
                 questions = questions[rank * wanted : (rank + 1) * wanted]
             with self._decoding():
-                rollout = collect_rollouts(self.agent_factory(False, seed), self.rollout_env(), questions,
+                rollout = collect_rollouts(self.engine.agent(greedy=False, seed=seed), self.rollout_env(), questions,
                                            group_size=self.config.algorithm.group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)
@@ -350,10 +347,6 @@ class Trainer:
         logprobs = [sampled[id(t)] for t, _ in rows] if all(id(t) in sampled for t, _ in rows) else None
         batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad, logprobs)
         return trajectories, batch, timings, len(kept)
-
-    def _sampler(self, greedy: bool, seed: int) -> RolloutAgent:
-        rollout = self.config.rollout
-        return HFSampler(self.policy, temperature=rollout.temperature, top_p=rollout.top_p, greedy=greedy, seed=seed)
 
     def _seed(self, stream: str, *more: int) -> int:
         """A seed for ``stream`` at the current step (and ``more``, e.g. a rollout round), from the run's
@@ -384,25 +377,27 @@ class Trainer:
         results: dict[str, EvalResult] = {}
         for mode in modes:
             if not self.config.eval.by_hops:
-                results[mode] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, self.eval_questions)[0]
+                results[mode] = evaluate(self.engine.agent(greedy=mode == "greedy", seed=seed), self.eval_env, self.eval_questions)[0]
                 continue
             for hops, questions in questions_by_hops(self.eval_env.examples, self.eval_questions,
                                                      self.config.eval.questions).items():
-                results[f"{mode} {hops}-hop"] = evaluate(self.agent_factory(mode == "greedy", seed), self.eval_env, questions)[0]
+                results[f"{mode} {hops}-hop"] = evaluate(self.engine.agent(greedy=mode == "greedy", seed=seed), self.eval_env, questions)[0]
         return results
 
-    @property
-    def _rollout_engine(self) -> Any:
-        """The rollout engine behind the agent factory (``rollout.engine: vllm``), or ``None``: the trainer's
-        own policy decodes."""
-        return getattr(self.agent_factory, "engine", None)
+    def _build_engine(self) -> RolloutEngine:
+        """The engine ``rollout.engine`` names, with the ``engine`` group's options, over the policy (built
+        within the backend's ``generation()`` where it copies the weights: whole there)."""
+        config = self.config
+        setup = EngineSetup(self.policy, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                            max_context=config.env.max_context, seed=config.run.seed, whole_weights=self.backend.generation)
+        return lookup_engine(config.rollout.engine).build(config.engine, setup)
 
     def _decoding(self) -> Any:
-        """The backend's :meth:`~agents.training.backends.base.TrainingBackend.generation` block when the trained
-        policy itself decodes; none with a rollout engine, which holds its own copy of the weights and
+        """The backend's :meth:`~agents.training.backends.base.TrainingBackend.generation` block when the engine
+        decodes with the trained policy itself; none for an engine with its own copy of the weights, which
         takes them parameter by parameter when they are stale (gathering a ZeRO-3 policy whole for it
         would undo that)."""
-        return self.backend.generation() if self._rollout_engine is None else nullcontext()
+        return self.backend.generation() if self.engine.decodes_trained_policy else nullcontext()
 
     def _evaluate(self, stage: str | None) -> dict[str, EvalResult]:
         """:meth:`run_evaluation` between the callbacks' evaluation hooks (``stage``: see
@@ -411,9 +406,7 @@ class Trainer:
             return {}
         self._call("on_evaluation_start", stage)
         periodic_greedy = stage is None and not self.config.eval.periodic_sampled
-        engine = self._rollout_engine
-        if engine is not None:  # every rank's engine takes the current weights (a collective under ZeRO-3) first
-            engine.wake_up()
+        self.engine.wake_up()  # every rank's engine takes the current weights (a collective under ZeRO-3) first
         with self._decoding():  # rank 0 evaluates, the others wait
             results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled")) if self.backend.rank == 0 else {}
         self.backend.barrier()
