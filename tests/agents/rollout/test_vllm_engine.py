@@ -133,7 +133,7 @@ def test_seeded_requests_whose_prompts_exceed_one_engine_step(results):
 
 def test_grpo_steps_with_the_vllm_engine(results):
     grpo = results["grpo"]
-    assert grpo["tis_cap"] == 2.0
+    assert grpo["tis_cap"] == 2.0 and grpo["config_tis_cap"] is None  # the engine's default, the config left unset
     assert len(grpo["steps"]) == 3 and grpo["syncs"] >= 3, grpo
     for step in grpo["steps"]:
         assert step["rollout/logprob_gap_mean"] < 0.05, grpo

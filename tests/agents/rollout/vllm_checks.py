@@ -30,12 +30,23 @@ import torch  # noqa: E402
 
 from agents.rollout.collect import collect_rollouts  # noqa: E402
 from agents.rollout.hf_sampler import HFSampler  # noqa: E402
-from agents.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from agents.rollout.engines import EngineSetup, lookup_engine  # noqa: E402
+from agents.rollout.vllm_engine import VLLMEngine, VLLMEngineOptions  # noqa: E402
 from search_env import SEED_PROTOCOLS, BatchSearchQAEnv  # noqa: E402
 from search_env.tokenization import as_codec  # noqa: E402
 from search_env.trajectory import AGENT, ENVIRONMENT  # noqa: E402
 
 MEMORY = 0.05  # of the machine's memory for the KV cache (capped at 2 GiB)
+
+
+def registered_engine(config, policy, backend):
+    """The engine of ``config``'s ``rollout.engine`` over ``policy``, attached to ``backend``: what the
+    trainer builds (``Trainer._build_engine``)."""
+    setup = EngineSetup(policy, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                        max_context=config.env.max_context, seed=config.run.seed, whole_weights=backend.generation)
+    engine = lookup_engine(config.rollout.engine).build(config.engine, setup)
+    engine.attach(backend)
+    return engine
 
 
 class Recorder:
@@ -163,12 +174,11 @@ def check_lora() -> dict:
     from agents.policies.config import ModelConfig
     from agents.policies.loading import load_policy
     from agents.training.backends import build_backend
-    from agents.training.build import rollout_engine
     from agents.training.config import EnvConfig, OptimConfig, RolloutConfig, TrainConfig
 
     config = TrainConfig("grpo", model=ModelConfig(lora_rank=4), algorithm=GRPOConfig(group_size=2, kl_coef=0.0),
                          optim=OptimConfig(learning_rate=1e-2), env=EnvConfig(max_context=1024),
-                         rollout=RolloutConfig(engine="vllm", vllm_memory_fraction=MEMORY))
+                         rollout=RolloutConfig(engine="vllm"), engine=VLLMEngineOptions(memory_fraction=MEMORY))
     policy = load_policy(config.model, seed=0)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -176,7 +186,7 @@ def check_lora() -> dict:
             if ".lora_B." in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
     backend = build_backend(config, policy, GRPO(config.algorithm))
-    engine = rollout_engine(config, policy, backend).engine
+    engine = registered_engine(config, policy, backend)
     sequence = policy.codec.encode(SEQUENCE)
 
     def base_logprobs() -> torch.Tensor:
@@ -267,12 +277,11 @@ def batch_matches(batch, trajectories) -> bool:
 def check_multi_turn() -> dict:
     """Episodes of the scripted model (``scripted_lm.py``) under every protocol, one engine whose weights
     are replaced for each protocol's model (they share their shapes), built by the trainer's
-    ``rollout.engine: vllm`` factory; greedy, like the HF sampler's episodes they are compared with."""
+    ``rollout.engine: vllm`` engine; greedy, like the HF sampler's episodes they are compared with."""
     from agents.learners import GRPO, GRPOConfig
     from agents.policies.policy import HFPolicy
     from agents.rollout.batch import build_batch
     from agents.training.backends import build_backend
-    from agents.training.build import rollout_engine
     from agents.training.config import EnvConfig, RolloutConfig, TrainConfig
     from search_env import available_protocols
     from tests.agents.rollout.scripted_lm import script_episode, scripted_lm
@@ -280,9 +289,9 @@ def check_multi_turn() -> dict:
     codec = as_codec(None)
     config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=2, kl_coef=0.0),
                          env=EnvConfig(max_new_tokens=64, max_context=1024),
-                         rollout=RolloutConfig(engine="vllm", vllm_memory_fraction=MEMORY))
+                         rollout=RolloutConfig(engine="vllm"), engine=VLLMEngineOptions(memory_fraction=MEMORY))
     questions, group_size = [0, 1, 2], 2
-    policy = factory = None
+    policy = engine = None
     result = {}
     for protocol in available_protocols():
         env = BatchSearchQAEnv(len(questions) * group_size, protocol=protocol, tokenizer=codec,
@@ -292,11 +301,11 @@ def check_multi_turn() -> dict:
         lm = scripted_lm(episode, codec)
         if policy is None:
             policy = HFPolicy(lm, codec)
-            factory = rollout_engine(config, policy, build_backend(config, policy, GRPO(config.algorithm)))
+            engine = registered_engine(config, policy, build_backend(config, policy, GRPO(config.algorithm)))
         else:
             policy.model.load_state_dict(lm.state_dict())
-            factory.engine.sync_weights()
-        recorder = Recorder(factory(True, 0))
+            engine.sync()
+        recorder = Recorder(engine.agent(greedy=True, seed=0))
         vllm = collect_rollouts(recorder, env, questions, group_size=group_size)  # raises when ids disagree
         hf = collect_rollouts(HFSampler(policy, greedy=True), env, questions, group_size=group_size)
         pad = codec.pad_id
@@ -322,7 +331,7 @@ def check_multi_turn() -> dict:
                                           for lp, p in zip(lps, t.producers) if p != AGENT),
         }
         env.close()
-    factory.engine.close()
+    engine.close()
     return result
 
 
@@ -363,15 +372,15 @@ def check_grpo() -> dict:
     config = TrainConfig(
         "grpo", model=ModelConfig(name="smollm2"), algorithm=GRPOConfig(group_size=2),
         env=EnvConfig(max_new_tokens=48, max_context=1536),
-        rollout=RolloutConfig(questions_per_step=2, engine="vllm", vllm_memory_fraction=MEMORY),
+        rollout=RolloutConfig(questions_per_step=2, engine="vllm"), engine=VLLMEngineOptions(memory_fraction=MEMORY),
         eval=EvalConfig(questions=0),
         run=RunConfig(steps=3, output_dir=out, report_to=[]),
     )
     trainer = build_trainer(config)
-    engine = trainer.agent_factory.engine
+    engine = trainer.engine
     steps = [trainer.train_step() for _ in range(config.run.steps)]
     keys = ("rollout/logprob_gap_mean", "rollout/logprob_gap_max", "rollout_correction/weight", "loss/total", "reward_mean")
-    return {"tis_cap": config.algorithm.tis_cap, "syncs": engine.syncs,
+    return {"tis_cap": trainer.algorithm.config.tis_cap, "config_tis_cap": config.algorithm.tis_cap, "syncs": engine.syncs,
             "steps": [{k: s[k] for k in keys if k in s} for s in steps],
             "metric_keys": sorted(k for k in steps[0] if k.startswith(("rollout", "time/")))}
 
