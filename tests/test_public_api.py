@@ -75,12 +75,10 @@ def _docstring_examples(docstring: str | None) -> list[str]:
 def _packages_with_examples() -> set[str]:
     """Every package of ours whose docstring holds an example, found in the source (nothing imported)."""
     found = set()
-    for init in sorted(REPO_ROOT.glob("*/**/__init__.py")):
-        parts = init.relative_to(REPO_ROOT).parent.parts
-        if parts[0] not in ("agents", "search_env", "rewards", "benchmarks"):
-            continue
-        if _docstring_examples(ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))):
-            found.add(".".join(parts))
+    for package in ("agents", "search_env", "rewards", "benchmarks"):
+        for init in sorted((REPO_ROOT / package).rglob("__init__.py")):
+            if _docstring_examples(ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))):
+                found.add(".".join(init.relative_to(REPO_ROOT).parent.parts))
     return found
 
 
