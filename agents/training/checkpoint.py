@@ -3,9 +3,9 @@ an exact resume needs.
 
 A checkpoint file is a short header - a format line, the SHA-256 and the length of what follows - then
 one ``torch.save`` payload of plain data and tensors (loaded back with ``weights_only=True``, so opening
-one runs no pickled code). It is written to a temporary file in the same folder while its digest is
-taken, flushed to disk, then renamed over the previous one with :func:`os.replace` (atomic on POSIX and
-Windows): a crash at any point leaves either the old checkpoint or the new one, never half of one. On
+one runs no pickled code). It is written through :func:`search_env.files.open_atomically` - a temporary
+file in the same folder while its digest is taken, flushed to disk, then renamed over the previous one
+(atomic on POSIX and Windows): a crash at any point leaves either the old checkpoint or the new one, never half of one. On
 load the length and the digest are checked before torch reads a byte, so a truncated, empty, foreign or
 bit-flipped file is one ``ValueError`` line naming the file and what is wrong with it, never weights that
 are silently off. (A torch file without the header, written before checkpoints had one, loads unchecked.)
@@ -27,23 +27,22 @@ import pickle
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import torch
 
+from agents.training.run_files import CHECKPOINTS_DIR
+from search_env.files import open_atomically
+
 if TYPE_CHECKING:
     from agents.training.backends import TrainingBackend
 
 __all__ = [
-    "CHECKPOINT_FILE", "capture_rng", "clean_run_folder", "load_checkpoint", "load_run", "load_run_backend",
-    "read_run", "restore_rng", "save_checkpoint", "save_run", "tensors_sha256",
+    "capture_rng", "clean_run_folder", "load_checkpoint", "load_run", "load_run_backend", "open_run", "read_run",
+    "restore_rng", "save_checkpoint", "save_run", "tensors_sha256",
 ]
-
-CHECKPOINT_FILE = "checkpoint.pt"  #: the file name of a run's latest checkpoint inside its output folder
-CHECKPOINTS_DIR = "checkpoints"  #: beside it, the backend's folder of the saved step
 
 #: The first line of every checkpoint file written here.
 MAGIC = b"searchqa-checkpoint 1\n"
@@ -105,20 +104,12 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path
     payload's SHA-256 and length, and return the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(_header("0" * 64, 0))  # filled in once the payload's digest is known
-            writer = _HashingWriter(handle)
-            torch.save(state, writer)
-            handle.seek(0)
-            handle.write(_header(writer.sha256.hexdigest(), writer.size))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with open_atomically(target) as handle:
+        handle.write(_header("0" * 64, 0))  # filled in once the payload's digest is known
+        writer = _HashingWriter(handle)
+        torch.save(state, writer)
+        handle.seek(0)
+        handle.write(_header(writer.sha256.hexdigest(), writer.size))
     return target
 
 
@@ -209,8 +200,16 @@ def save_run(path: str | os.PathLike[str], step: int, state: dict[str, Any], bac
     files' sizes and digests) is written atomically, then other step folders and stale temporary files
     are removed. A crash at any point leaves a complete checkpoint: the file always names a folder that
     was fully written before it. With several data-parallel ranks every rank calls it: rank 0 picks the
-    folder, every rank's backend writes its files into it, and rank 0 alone writes ``path``."""
-    target = Path(path)
+    folder, every rank's backend writes its files into it, and rank 0 alone writes ``path``. A write that
+    fails (a full disk, a folder gone read-only) is one ``OSError`` line naming the checkpoint."""
+    try:
+        return _save_run(Path(path), step, state, backend)
+    except OSError as exc:
+        reason = " ".join((exc.strerror or str(exc)).split())
+        raise OSError(exc.errno, f"could not write the checkpoint {path}: {reason}") from exc
+
+
+def _save_run(target: Path, step: int, state: dict[str, Any], backend: TrainingBackend) -> Path:
     root = target.parent / CHECKPOINTS_DIR
     folder = None
     if backend.rank == 0:
@@ -262,6 +261,16 @@ def read_run(path: str | os.PathLike[str]) -> dict[str, Any]:
     state = load_checkpoint(path)
     if "backend_dir" not in state:
         raise ValueError(f"checkpoint {path} is not a run's checkpoint: it names no backend folder")
+    return state
+
+
+def open_run(path: str | os.PathLike[str], backend: TrainingBackend) -> dict[str, Any]:
+    """:func:`read_run`, then (rank 0, every rank waiting) what a crash mid-save left beside the checkpoint
+    is removed: temporary files, step folders it does not name (:func:`clean_run_folder`)."""
+    state = read_run(path)
+    if backend.rank == 0:
+        clean_run_folder(path, keep=Path(path).parent / state["backend_dir"])
+    backend.barrier()
     return state
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from agents.training.callbacks import Callback
+from agents.training.run_files import RunFiles
 from search_env._optional import requires_extra
 
 if TYPE_CHECKING:
@@ -23,19 +24,14 @@ if TYPE_CHECKING:
 
 __all__ = ["JsonLinesLogger", "TensorBoardLogger", "WandbLogger", "loggers_for", "plot_curve", "read_metrics"]
 
-METRICS_FILE = "metrics.jsonl"
-CURVE_FILE = "curve.png"
-TENSORBOARD_DIR = "tensorboard"
-WANDB_DIR = "wandb"
-
 
 class JsonLinesLogger(Callback):
     """``metrics.jsonl`` (one record per line) and ``curve.png`` in the run's folder."""
 
     def on_run_start(self, trainer: Trainer) -> None:
-        self.metrics_path = trainer.output_dir / METRICS_FILE
-        self.curve_path = trainer.output_dir / CURVE_FILE
-        trainer.output_dir.mkdir(parents=True, exist_ok=True)
+        files: RunFiles = trainer.files
+        self.metrics_path, self.curve_path = files.metrics, files.curve
+        files.root.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.metrics_path) if r["step"] <= trainer.step] if trainer.resumed else []
         with open(self.metrics_path, "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(record) + "\n" for record in kept)
@@ -55,7 +51,7 @@ class TensorBoardLogger(Callback):
     def on_run_start(self, trainer: Trainer) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.directory = trainer.output_dir / TENSORBOARD_DIR
+        self.directory = trainer.files.tensorboard
         self._writer = SummaryWriter(str(self.directory), purge_step=trainer.step + 1 if trainer.resumed else None)
 
     def on_log(self, trainer: Trainer, step: int, record: Mapping[str, Any]) -> None:
@@ -74,10 +70,10 @@ class WandbLogger(Callback):
     def on_run_start(self, trainer: Trainer) -> None:
         with requires_extra("wandb", "run.report_to: wandb"):
             import wandb
-        self.directory = trainer.output_dir / WANDB_DIR
+        self.directory = trainer.files.wandb
         self.directory.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(dir=str(self.directory), mode=os.environ.get("WANDB_MODE", "offline"),
-                               config=trainer.config.as_dict(), name=trainer.output_dir.name, reinit=True)
+                               config=trainer.config.as_dict(), name=trainer.files.root.name, reinit=True)
 
     def on_log(self, trainer: Trainer, step: int, record: Mapping[str, Any]) -> None:
         self._run.log(_numbers(record), step=step)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.training.evaluation import EvalResult, format_table
-from agents.training.loggers import CURVE_FILE, METRICS_FILE
+from agents.training.run_files import RunFiles
 
 __all__ = ["TrainResult"]
 
@@ -42,11 +42,11 @@ class TrainResult:
 
     @property
     def metrics_path(self) -> Path:
-        return self.output_dir / METRICS_FILE
+        return RunFiles(self.output_dir).metrics
 
     @property
     def curve_path(self) -> Path:
-        return self.output_dir / CURVE_FILE
+        return RunFiles(self.output_dir).curve
 
     def report(self) -> str:
         """The before/after table and where things are, as the command prints them."""

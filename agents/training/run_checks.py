@@ -19,19 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agents.training.run_files import REPLACED_BY_NEW_RUN, RUN_MARKERS
+
 if TYPE_CHECKING:
     from agents.training.config import RunConfig, TrainConfig
 
-__all__ = ["RUN_MARKERS", "check_device", "check_output_dir", "check_writable", "clear_previous_run",
-           "prepare_output", "previous_run", "recipe_warnings"]
-
-#: Files whose presence says a folder holds a run.
-RUN_MARKERS = ("metrics.jsonl", "checkpoint.pt")
-#: What ``run.overwrite`` removes of an earlier run before a new one starts (the rest is rewritten by
-#: the new run: its config, curve, policy; the folders of old checkpoints are left to the checkpoint's
-#: own clean-up). TensorBoard's events would mix two runs' curves; the checkpoint would let a later
-#: ``run.resume`` continue the old run.
-_REPLACED = ("checkpoint.pt", "metrics.jsonl", "samples.jsonl", "curve.png", "tensorboard")
+__all__ = ["check_device", "check_output_dir", "check_writable", "clear_previous_run", "prepare_output",
+           "previous_run", "recipe_warnings"]
 
 
 def check_device(device: str) -> None:
@@ -67,7 +61,7 @@ def check_writable(directory: str | os.PathLike[str]) -> Path:
 
 
 def previous_run(directory: str | os.PathLike[str]) -> Path | None:
-    """The file that shows ``directory`` holds a run (:data:`RUN_MARKERS`), or ``None``."""
+    """The file that shows ``directory`` holds a run (:data:`~agents.training.run_files.RUN_MARKERS`), or ``None``."""
     for name in RUN_MARKERS:
         if (Path(directory) / name).exists():
             return Path(directory) / name
@@ -86,8 +80,9 @@ def check_output_dir(run: RunConfig) -> Path:
 
 
 def clear_previous_run(directory: str | os.PathLike[str]) -> None:
-    """Remove what a new run replaces of an earlier one in ``directory`` (``run.overwrite``)."""
-    for name in _REPLACED:
+    """Remove what a new run replaces of an earlier one in ``directory`` (``run.overwrite``,
+    :data:`~agents.training.run_files.REPLACED_BY_NEW_RUN`)."""
+    for name in REPLACED_BY_NEW_RUN:
         target = Path(directory) / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)

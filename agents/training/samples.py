@@ -19,9 +19,8 @@ if TYPE_CHECKING:
     from agents.training.trainer import Trainer
     from search_env.trajectory import Trajectory
 
-__all__ = ["SAMPLES_FILE", "EPISODES_PER_SAMPLE", "MAX_TEXT_CHARS", "SampleLogger", "episode_record"]
+__all__ = ["EPISODES_PER_SAMPLE", "MAX_TEXT_CHARS", "SampleLogger", "episode_record"]
 
-SAMPLES_FILE = "samples.jsonl"
 #: Episodes written per sampled step: the first episode of each of the step's first questions.
 EPISODES_PER_SAMPLE = 2
 #: Longer episode texts keep their first three quarters and their last quarter of this many characters.
@@ -67,7 +66,7 @@ class SampleLogger(Callback):
 
     def on_run_start(self, trainer: Trainer) -> None:
         self.every = trainer.config.run.sample_every
-        self.path = trainer.output_dir / SAMPLES_FILE
+        self.path = trainer.files.samples
         if not self.path.exists():
             return  # written at the first sampled step
         if not trainer.resumed and trainer.step == 0:  # a fresh run: an earlier run's samples go

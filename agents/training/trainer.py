@@ -18,30 +18,26 @@ Each step:
    by the mini-batch's global counts (reduced across data-parallel ranks by the backend), so one
    optimiser step sees the full mini-batch gradient.
 
-Evaluation (greedy and sampled, on held-out questions) runs before training, after the optional
-warm start, every ``eval.every`` steps and at the end. Callbacks (:mod:`agents.training.callbacks`; the
-loggers are callbacks) run at each of these points. Checkpoints hold everything a step depends on -
-the backend's folder (weights, optimiser and schedule states), the global random generators, the data
-position, the step - so a run stopped after step k and resumed takes exactly the steps an uninterrupted
-run takes. At the end the policy is also written as a standard transformers model folder (``policy/``)
-that ``--model.name`` and any Hugging Face tool load. Samplers and mini-batch shuffles draw from
-generators seeded by (seed, step), so evaluating more or less often never changes what training does.
-
-The module holds the loop itself, a little over 450 lines so that it reads top to bottom in one place;
-what the loop calls lives beside it (the update, evaluation, checkpoints and resume, health checks,
-console output).
+The trainer owns the run's life cycle, which reads top to bottom here: prepare (the output folder
+checked), start (:mod:`agents.training.run_start`: the ``"start"`` evaluation, the optional warm start,
+the evaluation after it), the loop (evaluating every ``eval.every`` steps), finish (the ``"final"``
+evaluation, a checkpoint, the policy exported as a transformers model folder, ``policy/``). Callbacks
+(:mod:`agents.training.callbacks`; the loggers are callbacks) run at each of these points and steer the
+loop through ``trainer.control``. Checkpoints hold everything a step depends on - the backend's folder
+(weights, optimiser and schedule states) and the run's state
+(:class:`~agents.training.run_state.RunState`) - so a run stopped at any point and resumed takes exactly
+the steps an uninterrupted run takes; a resume may change only settings that leave a step's computation
+alone (:mod:`agents.training.resume`). Samplers and mini-batch shuffles draw from generators seeded by
+(seed, step), so evaluating more or less often never changes what training does.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import sys
-import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -52,8 +48,8 @@ from agents.rollout.batch import TrainBatch, build_batch
 from agents.rollout.collect import RolloutTimings, collect_rollouts
 from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
 from agents.training.backends import TrainingBackend
-from agents.training.callbacks import Callback
-from agents.training.checkpoint import CHECKPOINT_FILE, capture_rng, restore_rng, save_run
+from agents.training.callbacks import Callback, TrainerControl, stop_on_interrupt
+from agents.training.checkpoint import capture_rng, clean_run_folder, load_run, load_run_backend, open_run, restore_rng, save_run
 from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
@@ -62,22 +58,23 @@ from agents.training.health import FailedSearchWarning, UpdateWatch, search_fail
 from agents.training.loggers import loggers_for
 from agents.training.rank_metrics import all_rank_metrics
 from agents.training.result import TrainResult
-from agents.training.resume import resume_run, run_state, start_run
+from agents.training.resume import check_settings, record_resume
 from agents.training.run_checks import prepare_output
+from agents.training.run_files import RunFiles
+from agents.training.run_start import run_start
+from agents.training.run_state import RunState, check_format
 from agents.training.samples import SampleLogger
 from agents.training.update import by_length, engine_mismatch, score_batch, to_device, update_batch
 from agents.training.warm_start import WarmStartProgress, warm_start
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
+from search_env.files import write_atomically
 from search_env.trajectory import Trajectory
 from search_env.worker import EnvWorker
 
 __all__ = ["Trainer"]
 
-CHECKPOINT_FORMAT = 2
-#: Where the trained policy goes, as a transformers model folder.
-POLICY_DIR = "policy"
 #: Names of the random streams derived from (seed, step); fixed so that runs stay reproducible.
 _STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
 
@@ -123,37 +120,39 @@ class Trainer:
                                           if backend.rank == 0 else [])
         if backend.world_size > 1:  # batch-wide statistics (REINFORCE++'s and PPO's whitening) over all ranks
             algorithm.reduce_sum = backend.all_reduce_sum
-        self.order = QuestionOrder(len(env.examples), config.run.seed)
-        self.step = 0
-        self.evaluations: dict[str, dict[str, EvalResult]] = {}
-        self.stage_steps: dict[str, int] = {}
-        self.output_dir = Path(config.run.output_dir)
-        self.checkpoint_path = self.output_dir / CHECKPOINT_FILE
-        self.stop_requested = False
+        self.files = RunFiles(config.run.output_dir)  #: the paths of the run's files
+        #: What the run has done (step, data position, evaluations, the start's parts): what a checkpoint holds.
+        self.state = RunState(QuestionOrder(len(env.examples), config.run.seed))
+        #: What the callbacks ask of the loop: evaluate, checkpoint or stop after the step (Ctrl-C stops too).
+        self.control = TrainerControl()
         self.resumed = False
-        self.warm_start_progress: WarmStartProgress | None = None  # a stopped warm start's, to go on from
-        self.warm_start_stats: dict[str, float] | None = None  # a finished warm start's, logged with the evaluation after it
         #: Compute the policy's entropy in updates to log it, even when the loss does not use it.
         self.log_entropy = config.run.log_entropy
         self._worker: EnvWorker | None = None
         self._trailing_skips = 0  # optimiser updates skipped after the last step's last applied one
         if config.run.resume:
-            self.load(self.checkpoint_path)
+            self.load()
+
+    @property
+    def step(self) -> int:
+        """Training steps done."""
+        return self.state.step
+
+    @property
+    def order(self) -> QuestionOrder:
+        """The seeded order the training questions are taken in."""
+        return self.state.order
 
     # -- the run ------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         """Run to ``run.steps`` (or stop after ``run.stop_after``, at Ctrl-C after the current step, or when
-        a callback sets ``stop_requested``); a trainer that loaded a checkpoint (``run.resume``, or
-        :meth:`load`) continues it.
-
-        A fresh run evaluates first, then warm-starts (``warm_start.steps > 0``) and evaluates again. A
-        checkpoint is written every ``run.save_every`` steps and when the call returns; a run that reached
-        its last step is evaluated there (``"final"``) and leaves its policy as a model folder.
-
-        First ``run.output_dir`` must be writable and, for a fresh run, hold no earlier run unless
-        ``run.overwrite`` (:mod:`agents.training.run_checks`). Raises
+        a callback sets ``control.should_stop``); a trainer that loaded a checkpoint (``run.resume``, or
+        :meth:`load`) continues it. A checkpoint is written every ``run.save_every`` steps and when the
+        call returns; a run that reached its last step is evaluated there (``"final"``) and leaves its
+        policy as a model folder. First ``run.output_dir`` must be writable and, for a fresh run, hold no
+        earlier run unless ``run.overwrite`` (:mod:`agents.training.run_checks`). Raises
         :class:`~agents.training.health.TrainingDiverged` after ``optim.max_skipped_updates`` skipped
-        updates in a row (:mod:`agents.training.health`).
+        updates in a row.
         """
         try:
             with quiet_transformers(self.config.run.progress):
@@ -164,51 +163,56 @@ class Trainer:
     def _train(self) -> TrainResult:
         run = self.config.run
         if self.backend.rank == 0:
-            prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.evaluations)
+            prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.state.evaluations)
+            if not self.resumed:  # what an earlier run's crash mid-save left here goes
+                clean_run_folder(self.files.checkpoint)
         self.backend.barrier()
         watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
         failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
         self._call("on_run_start")
-        start_run(self)  # config, "start" evaluation, warm start (checkpointed), "warm start" evaluation: those not done
-        last = run.steps if run.stop_after is None else min(run.steps, run.stop_after)
-        with self._stop_on_interrupt(), progress(total=run.steps, initial=self.step, show=run.progress if self.backend.rank == 0 else False,
-                                                  unit="step") as bar:
-            while self.step < last and not self.stop_requested:
+        self.control.should_stop |= run_start(  # the parts of the start not done: config, evaluation, warm start
+            self.state, warm=self.config.warm_start.steps > 0, write_config=self._write_config, evaluate=self._evaluate_stage,
+            warm_start=self._warm_start, save=self.save,
+            back_to_checkpoint=lambda: self.load_state_dict(load_run(self.files.checkpoint, self.backend)))
+        last, every = (run.steps if run.stop_after is None else min(run.steps, run.stop_after)), self.config.eval.every
+        with stop_on_interrupt(self.control), progress(total=run.steps, initial=self.step,
+                                                       show=run.progress if self.backend.rank == 0 else False, unit="step") as bar:
+            while self.step < last and not self.control.shared(self.backend).should_stop:
                 metrics = self.train_step()
-                evaluated = self.config.eval.every > 0 and self.step % self.config.eval.every == 0 and self.step < run.steps
+                asked = self.control.shared(self.backend).take_step_flags()  # what the step's hooks asked for
+                evaluated = (asked.should_evaluate or (every > 0 and self.step % every == 0)) and self.step < run.steps
                 if evaluated:
                     metrics.update(self._evaluation_metrics(self._evaluate(None)))
                 if evaluated or self.step % run.log_every == 0 or self.step == last or metrics.get("updates/skipped"):
                     self._call("on_log", self.step, metrics)
                 watch.check(self.step, metrics, self._trailing_skips)
                 failed_searches.check(self.step, metrics)
-                if run.save_every > 0 and self.step % run.save_every == 0:
-                    self.save(self.checkpoint_path)
+                if asked.should_save or (run.save_every > 0 and self.step % run.save_every == 0):
+                    self.save()
                 bar.update(1)
                 if hasattr(bar, "set_postfix"):  # a drawn bar (the silent stand-in has no postfix)
                     bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
-        if self.step >= run.steps and self._final_step != self.step:
+        # A resumed run that goes past the step of its "final" evaluation is evaluated again at its new last step.
+        if self.step >= run.steps and self.state.stage_steps.get("final") != self.step:
             rng = capture_rng()
             try:
                 self._evaluate_stage("final")
             except KeyboardInterrupt:  # the run itself is done: keep it, and let a resume evaluate it
                 restore_rng(rng)
-                self.stop_requested = True
+                self.control.should_stop = True
                 say("stopped during the final evaluation; --run.resume true runs it again")
-        self.save(self.checkpoint_path)
-        policy_dir = self.output_dir / POLICY_DIR
+        self.save()
         if self.step >= run.steps:
-            self.export_policy(policy_dir)
-        result = TrainResult(self.step, run.steps, self.config.algo, dict(self.evaluations), self.output_dir,
-                             self.checkpoint_path, policy_dir, watch.steps, watch.updated_steps, watch.skipped)
+            self.export_policy(self.files.policy)
+        result = TrainResult(self.step, run.steps, self.config.algo, dict(self.state.evaluations), self.files.root,
+                             self.files.checkpoint, self.files.policy, watch.steps, watch.updated_steps, watch.skipped)
         self._call("on_run_end", result)
         return result
 
-    @property
-    def _final_step(self) -> int | None:
-        """The step the ``"final"`` evaluation was taken at (``None``: none yet); a resumed run that goes
-        past it is evaluated again at its own last step."""
-        return self.stage_steps.get("final")
+    def _write_config(self) -> None:
+        if self.backend.rank == 0:
+            self.files.root.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.files.config, json.dumps(self.config.as_dict(), indent=2) + "\n")
 
     def close(self) -> None:
         """Stop the environment worker (``rollout.env_worker``), if one runs; a later step starts another."""
@@ -287,7 +291,7 @@ class Trainer:
         }
         if self.backend.world_size > 1:
             metrics = all_rank_metrics(self.backend, metrics, update_keys)
-        self.step += 1
+        self.state.advance()
         self._call("on_update", metrics)
         return metrics
 
@@ -357,11 +361,11 @@ class Trainer:
         """Clone scripted demonstrations into the policy (:func:`agents.training.warm_start.warm_start`); the reference
         becomes the warm-started policy. Returns the warm start's statistics."""
         def save(progress: WarmStartProgress) -> None:
-            self.warm_start_progress = progress
-            self.save(self.checkpoint_path)
+            self.state.warm_start_progress = progress
+            self.save()
 
-        result = warm_start(self.backend, self.config, self.env, progress=self.warm_start_progress, save=save)
-        self.warm_start_progress = None
+        result = warm_start(self.backend, self.config, self.env, progress=self.state.warm_start_progress, save=save)
+        self.state.warm_start_progress = None
         self.backend.reset_reference()
         return result.as_dict()
 
@@ -417,8 +421,7 @@ class Trainer:
         """Evaluate, keep the result for the before/after table, and log it (with ``extra``) at this step."""
         results = self._evaluate(stage)
         if results:
-            self.evaluations[stage] = results
-            self.stage_steps[stage] = self.step
+            self.state.keep_evaluation(stage, results)
         if results or extra:
             self._call("on_log", self.step, {"stage": stage, **(extra or {}), **self._evaluation_metrics(results)})
 
@@ -428,68 +431,39 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything the next step depends on besides the backend's folder (see the module docstring)."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "algo": self.config.algo,
-            "step": self.step,
-            "rng": capture_rng(),
-            "data": self.order.state_dict(),
-            "evaluations": {stage: {mode: dataclasses.asdict(r) for mode, r in by_mode.items()}
-                            for stage, by_mode in self.evaluations.items()},
-            "stage_steps": dict(self.stage_steps),
-        }
+        """What a checkpoint holds besides the backend's folder: the algorithm, the settings (JSON text, which
+        a resume is checked against) and the run's state (:meth:`RunState.state_dict`, with its format)."""
+        return {"algo": self.config.algo, "config_json": json.dumps(self.config.as_dict(), sort_keys=True), **self.state.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["algo"] != self.config.algo:
             raise ValueError(f"the checkpoint was trained with {state['algo']!r}, not {self.config.algo!r}")
-        self.order.load_state_dict(state["data"])
-        self.step = int(state["step"])
-        self.evaluations = {stage: {mode: EvalResult(**r) for mode, r in by_mode.items()}
-                            for stage, by_mode in state["evaluations"].items()}
-        self.stage_steps = {stage: int(step) for stage, step in state["stage_steps"].items()}
-        restore_rng(state["rng"])
+        self.state.load_state_dict(state)
 
-    def save(self, path: str | Path) -> Path:
-        """Write a checkpoint (:func:`agents.training.checkpoint.save_run`: the backend's folder, then the
-        trainer's state naming it, replaced atomically)."""
-        try:
-            path = save_run(path, self.step, {**self.state_dict(), **run_state(self)}, self.backend)
-        except OSError as exc:  # a full disk, a folder gone read-only: one line naming the checkpoint
-            reason = " ".join((exc.strerror or str(exc)).split())
-            raise OSError(exc.errno, f"could not write the checkpoint {path}: {reason}") from exc
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write a checkpoint (default: the run's ``checkpoint.pt``) with
+        :func:`agents.training.checkpoint.save_run`: the backend's folder, then the trainer's state naming
+        it, replaced atomically."""
+        path = save_run(path or self.files.checkpoint, self.step, self.state_dict(), self.backend)
         self._call("on_checkpoint", path)
         return path
 
-    def load(self, path: str | Path) -> None:
-        """Continue from a checkpoint written by :meth:`save` (the next :meth:`train` resumes the run)."""
-        self.load_state_dict(resume_run(self, path))  # checked: files, settings (agents.training.resume)
+    def load(self, path: str | Path | None = None) -> None:
+        """Continue from a checkpoint written by :meth:`save` (default: the run's own; the next :meth:`train`
+        resumes the run), its files checked (:func:`~agents.training.checkpoint.open_run`) and its settings
+        compared with the config before anything is loaded (:mod:`agents.training.resume`).
+
+        Raises:
+            FileNotFoundError: no checkpoint, or a file of it is missing.
+            ValueError: one line: a damaged file, a changed setting, a checkpoint of another model.
+        """
+        path = Path(path or self.files.checkpoint)
+        saved = open_run(path, self.backend)
+        check_format(saved)
+        changes = check_settings(self.config, json.loads(saved["config_json"]), f"checkpoint {path}")
+        saved = load_run_backend(path, saved, self.backend)
+        if self.backend.rank == 0:  # with several ranks, rank 0 alone changes the run's files
+            record_resume(self.files, int(saved["step"]), self.config, changes)
+        self.load_state_dict(saved)
         self.resumed = True
 
-    def _write_config(self) -> None:
-        if self.backend.rank != 0:
-            return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.json").write_text(json.dumps(self.config.as_dict(), indent=2) + "\n")
-
-    # -- interruption -------------------------------------------------------------------------------
-    @contextmanager
-    def _stop_on_interrupt(self) -> Iterator[None]:
-        """A first Ctrl-C finishes the current step, checkpoints and returns; a second one aborts."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handle(signum: int, frame: Any) -> None:
-            self.stop_requested = True
-            signal.signal(signal.SIGINT, previous)
-            print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
-
-        signal.signal(signal.SIGINT, handle)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)

@@ -20,7 +20,7 @@ from agents.training.backends import TorchBackend, training_dtype  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
-from agents.training.resume import FREE_SETTINGS  # noqa: E402
+from agents.training.resume import free_settings  # noqa: E402
 from tests.agents.training.tiny import probe_batch, records, run, small_config  # noqa: E402
 
 SMALL = {"model.tiny_layers": 1, "model.tiny_hidden": 32, "model.tiny_heads": 2, "eval.questions": 0}
@@ -126,7 +126,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_the_run_flag_turns_it_on_and_a_resume_may_change_it(tmp_path):
-    assert "run.gradient_checkpointing" in FREE_SETTINGS
+    assert "run.gradient_checkpointing" in free_settings(TrainConfig())
     trainer = build_trainer(small_config("grpo", tmp_path, {**SMALL, "run.gradient_checkpointing": True}))
     try:
         assert all(layer.gradient_checkpointing for layer in trainer.policy.lm.model.layers)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,15 @@ from tests.conftest import REPO_ROOT, default_sigint_in_child, skip_without
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
 import torch  # noqa: E402
 
+from agents.learners import ALGORITHMS, GRPO, GRPOConfig  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.callbacks import Callback  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
+from agents.training.config import RESUME_FREE, TrainConfig  # noqa: E402
+from agents.training.data import QuestionOrder  # noqa: E402
+from agents.training.resume import free_settings  # noqa: E402
+from agents.training.run_start import run_start  # noqa: E402
+from agents.training.run_state import START_PARTS, RunState  # noqa: E402
 from agents.training.trainer import Trainer  # noqa: E402
 from tests.agents.training.tiny import records, run, small_config  # noqa: E402
 
@@ -49,6 +56,35 @@ def resumed(folder: Path, changes: dict | None = None):
 
 
 # -- changed settings ---------------------------------------------------------------------------
+#: The settings a resume may change without being told, as the groups declare them.
+FREE = {
+    "run.steps", "run.stop_after", "run.save_every", "run.log_every", "run.progress", "run.resume", "run.report_to",
+    "run.output_dir", "run.log_entropy", "run.allow_changes", "run.overwrite", "run.print_every", "run.sample_every",
+    "run.warn_failed_searches", "warm_start.save_every", "optim.max_skipped_updates", "eval.every", "eval.by_hops",
+    "eval.periodic_sampled", "rollout.env_worker", "run.gradient_checkpointing",
+}
+
+
+@dataclass
+class ProbedGRPOConfig(GRPOConfig):
+    probe_every: int = field(default=0, metadata=RESUME_FREE)
+
+
+class ProbedGRPO(GRPO):
+    """GRPO with a setting of its own that a resume may change (declared free at its field)."""
+
+    name = "test-probed-grpo"
+    config_class = ProbedGRPOConfig
+
+
+def test_the_free_settings_are_declared_at_their_fields_in_any_group(monkeypatch):
+    assert free_settings(TrainConfig()) == FREE
+    monkeypatch.setitem(ALGORITHMS, ProbedGRPO.name, ProbedGRPO)
+    assert free_settings(TrainConfig(ProbedGRPO.name)) == FREE | {"algorithm.probe_every"}
+    # A warm-up given as a share of the steps ties their number: run.steps is no longer free.
+    assert free_settings(TrainConfig().updated({"optim.warmup_ratio": 0.1})) == FREE - {"run.steps"}
+
+
 def test_a_changed_setting_is_refused_in_one_line_listing_each_difference(stopped_run, tmp_path):
     folder = copy_of(stopped_run, tmp_path)
     with pytest.raises(ValueError) as error:
@@ -158,6 +194,72 @@ def test_a_damaged_line_before_the_last_is_refused(stopped_run, tmp_path):
 
 
 # -- Ctrl-C during the start --------------------------------------------------------------------
+class StartSteps:
+    """The trainer's steps that :func:`run_start` calls, as stand-ins that write down what ran; the one
+    named ``interrupted`` is cut short by a Ctrl-C. A checkpoint is a copy of the run's state."""
+
+    def __init__(self, state: RunState, interrupted: str | None = None) -> None:
+        self.state, self.interrupted, self.ran, self.checkpoint = state, interrupted, [], None
+
+    def _run(self, name: str) -> None:
+        self.ran.append(name)
+        if name == self.interrupted:
+            raise KeyboardInterrupt
+
+    def _warm_start(self) -> dict[str, float]:
+        self._run("warm start")
+        return {"warm_start/steps": 5.0}
+
+    def _save(self) -> None:
+        self.ran.append("save")
+        self.checkpoint = self.state.state_dict()
+
+    def _back(self) -> None:
+        self.ran.append("back to the checkpoint")
+        self.state.load_state_dict(self.checkpoint)
+
+    def start(self, warm: bool) -> bool:
+        return run_start(self.state, warm=warm, write_config=lambda: self._run("config"),
+                         evaluate=lambda stage, extra: self._run(f"evaluate {stage}"), warm_start=self._warm_start,
+                         save=self._save, back_to_checkpoint=self._back)
+
+
+WHOLE_START = ["config", "evaluate start", "save", "warm start", "save", "evaluate warm start"]
+
+
+@pytest.mark.parametrize("interrupted, ran, done, then, resumed", [
+    (None, WHOLE_START, START_PARTS, None, []),
+    ("evaluate start", WHOLE_START[:2], (), "stopped during the start evaluation; --run.resume true runs it again", WHOLE_START),
+    ("warm start", [*WHOLE_START[:4], "back to the checkpoint"], ("start",),
+     "stopped during the warm start; --run.resume true starts the warm start again", WHOLE_START[2:]),
+    ("evaluate warm start", [*WHOLE_START, "back to the checkpoint"], ("start", "warm start"),
+     "stopped during the evaluation after the warm start; --run.resume true goes on from the warm-started policy",
+     ["evaluate warm start"]),
+])
+def test_the_start_runs_its_parts_in_order_and_a_ctrl_c_goes_back_to_the_last_checkpoint(capsys, interrupted, ran, done, then,
+                                                                                          resumed):
+    state = RunState(QuestionOrder(10, seed=0))
+    steps = StartSteps(state, interrupted)
+    capsys.readouterr()
+    assert steps.start(warm=True) == (interrupted is not None)
+    assert steps.ran == ran and state.start_done == set(done)
+    # The warm start's statistics are kept until the evaluation after it logs them.
+    assert state.warm_start_stats == ({"warm_start/steps": 5.0} if interrupted == "evaluate warm start" else None)
+    assert [line for line in capsys.readouterr().err.splitlines() if line] == ([then] if then else [])
+    again = StartSteps(state)  # the resume: what is left, and no more
+    assert again.start(warm=True) is False and again.ran == resumed and state.start_done == set(START_PARTS)
+
+
+def test_a_start_without_a_warm_start_evaluates_once_and_a_step_ends_it():
+    state = RunState(QuestionOrder(10, seed=0))
+    steps = StartSteps(state)
+    assert steps.start(warm=False) is False and steps.ran == ["config", "evaluate start"]
+    assert state.start_done == set(START_PARTS)
+    fresh = RunState(QuestionOrder(10, seed=0))
+    fresh.advance()  # a step taken outside train(): the start is behind it
+    assert fresh.step == 1 and fresh.start_left() == []
+
+
 WARM = {"run.steps": 1, "eval.questions": 2, "warm_start.steps": 5, "warm_start.examples": 4,
         "warm_start.batch_size": 2, "warm_start.learning_rate": 1e-2, "warm_start.save_every": 2}
 
@@ -219,13 +321,13 @@ def test_ctrl_c_during_the_start_stops_cleanly_and_resumes_bit_identically(defau
     assert stopped.step == 0 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     saved = load_checkpoint(stopped.checkpoint_path)
     assert saved["start_done"] == {"start": [], "warm start": ["start", "warm start"]}.get(where, ["start"])
-    assert ("warm_start_progress" in saved) == (where == "late in the warm start")
+    assert (saved["warm_start_progress"] is not None) == (where == "late in the warm start")
 
     warm_starts = []
     real = Trainer._warm_start
 
     def counted(self):
-        warm_starts.append(0 if self.warm_start_progress is None else self.warm_start_progress.step)
+        warm_starts.append(0 if self.state.warm_start_progress is None else self.state.warm_start_progress.step)
         return real(self)
 
     monkeypatch.setattr(Trainer, "_warm_start", counted)
@@ -264,7 +366,7 @@ def test_a_stopped_command_goes_on_from_its_last_warm_start_checkpoint(tmp_path,
 
     def warm_start_checkpointed() -> bool:
         try:
-            return "warm_start_progress" in load_checkpoint(folder / "checkpoint.pt")
+            return load_checkpoint(folder / "checkpoint.pt")["warm_start_progress"] is not None
         except (FileNotFoundError, ValueError):  # not written yet
             return False
 
@@ -295,7 +397,7 @@ def test_a_stopped_command_goes_on_from_its_last_warm_start_checkpoint(tmp_path,
     from agents.train import parse_config
 
     warm_starts = []
-    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(self.warm_start_progress.step) or {"warm_start/steps": 0.0})
+    monkeypatch.setattr(Trainer, "_warm_start", lambda self: warm_starts.append(self.state.warm_start_progress.step) or {"warm_start/steps": 0.0})
     _, result = run(parse_config([*flags, "--run.resume", "true"]))
     assert warm_starts == [at] and result.step == 1
     assert [r.get("stage") for r in records(result.metrics_path)].count("start") == 1  # not evaluated again

@@ -21,6 +21,7 @@ from agents.training.checkpoint import capture_rng, load_checkpoint, load_run, r
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.evaluation import EvalResult, format_table, predicted_answer, reward_component_means, summarize  # noqa: E402
 from agents.training.loggers import JsonLinesLogger, read_metrics  # noqa: E402
+from agents.training.run_files import RunFiles  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy, ValueModel, position_ids_from_mask  # noqa: E402
 from agents.training.data import QuestionOrder  # noqa: E402
@@ -217,7 +218,7 @@ class FakeRun:
     """What the loggers read of a trainer."""
 
     def __init__(self, output_dir, step=0, resumed=False):
-        self.output_dir, self.step, self.resumed = output_dir, step, resumed
+        self.files, self.step, self.resumed = RunFiles(output_dir), step, resumed
 
 
 def test_json_lines_logger_cuts_steps_after_the_resumed_checkpoint(tmp_path):

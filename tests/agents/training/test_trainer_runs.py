@@ -115,7 +115,7 @@ def test_a_finished_run_resumed_with_more_steps_is_evaluated_at_its_new_last_ste
     evaluations = Evaluations()
     trainer, longer = run(config.updated({"run.steps": 3, "run.resume": True}), callbacks=[evaluations])
     assert longer.step == 3 and evaluations.seen == [("final", 3)]
-    assert trainer.stage_steps == {"start": 0, "final": 3}
+    assert trainer.state.stage_steps == {"start": 0, "final": 3}
     assert load_checkpoint(longer.checkpoint_path)["stage_steps"] == {"start": 0, "final": 3}
     assert longer.evaluations["start"] == first.evaluations["start"] and set(longer.evaluations) == {"start", "final"}
     assert [(r["step"], r.get("stage")) for r in records(longer.metrics_path)] == [
