@@ -474,8 +474,8 @@ class TrainConfig:
             value = getattr(self, group)
             if value is None:
                 setattr(self, group, option_class())
-            elif type(value) is not option_class:
-                raise ValueError(f"{choice} takes a {option_class.__name__} as its {group} group, got a {type(value).__name__}")
+            elif not isinstance(value, option_class):
+                raise ValueError(f"{choice} takes a {option_class.__name__}, got a {type(value).__name__}")
         self.validate()
 
     def chosen_groups(self) -> dict[str, tuple[str, type]]:
