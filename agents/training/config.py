@@ -11,11 +11,13 @@ The groups, as the command line and YAML recipes spell them (``--optim.learning_
 * ``warm_start`` (:class:`WarmStartConfig`): supervised cloning of scripted demonstrations first;
 * ``eval`` (:class:`EvalConfig`): held-out evaluation;
 * ``run`` (:class:`RunConfig`): steps, seed, device, backend, output, logs and checkpoints;
-* ``algorithm``: the algorithm's own config (:mod:`agents.learners`), chosen by ``algo``.
+* ``algorithm``: the algorithm's own config (:mod:`agents.learners`), chosen by ``algo``;
+* ``engine``: the rollout engine's own options (:mod:`agents.rollout.engines`), chosen by ``rollout.engine``;
+* ``backend``: the training backend's own options (:mod:`agents.training.backends`), chosen by ``run.backend``.
 
-Every field is checked when the config is built, so a bad recipe or flag fails with one line before any
-model is loaded. The groups stay in this one module (near 500 lines, most of it field documentation),
-because ``--help`` and the recipes are read from their docstrings: one place to look up any setting.
+The last three are declared by what they configure, so that a new algorithm, engine or backend brings its
+settings in its own file; ``--help`` lists the fields of the ones chosen. Every field is checked when the
+config is built, so a bad recipe or flag fails with one line before any model is loaded.
 """
 from __future__ import annotations
 
