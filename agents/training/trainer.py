@@ -19,7 +19,7 @@ Each step:
    optimiser step sees the full mini-batch gradient.
 
 The trainer owns the run's life cycle, which reads top to bottom here: prepare (the output folder
-checked), start (:mod:`agents.training.run_start`: the ``"start"`` evaluation, the optional warm start,
+checked), start (:mod:`agents.training.run_stages`: the ``"start"`` evaluation, the optional warm start,
 the evaluation after it), the loop (evaluating every ``eval.every`` steps), finish (the ``"final"``
 evaluation, a checkpoint, the policy exported as a transformers model folder, ``policy/``). Callbacks
 (:mod:`agents.training.callbacks`; the loggers are callbacks) run at each of these points and steer the
@@ -49,7 +49,7 @@ from agents.rollout.collect import RolloutTimings, collect_rollouts
 from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
 from agents.training.backends import TrainingBackend
 from agents.training.callbacks import Callback, TrainerControl, stop_on_interrupt
-from agents.training.checkpoint import capture_rng, clean_run_folder, load_run, load_run_backend, open_run, restore_rng, save_run
+from agents.training.checkpoint import clean_run_folder, load_run, load_run_backend, open_run, save_run
 from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
@@ -61,7 +61,7 @@ from agents.training.result import TrainResult
 from agents.training.resume import check_settings, record_resume
 from agents.training.run_checks import prepare_output
 from agents.training.run_files import RunFiles
-from agents.training.run_start import run_start
+from agents.training.run_stages import run_final, run_start
 from agents.training.run_state import RunState, check_format
 from agents.training.samples import SampleLogger
 from agents.training.update import by_length, engine_mismatch, score_batch, to_device, update_batch
@@ -77,6 +77,7 @@ __all__ = ["Trainer"]
 
 #: Names of the random streams derived from (seed, step); fixed so that runs stay reproducible.
 _STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
+
 
 class Trainer:
     """Trains ``policy`` with ``algorithm`` on the episodes of ``env`` (see the module docstring).
@@ -164,16 +165,16 @@ class Trainer:
         run = self.config.run
         if self.backend.rank == 0:
             prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.state.evaluations)
-            if not self.resumed:  # what an earlier run's crash mid-save left here goes
+            if not self.resumed:  # a new run: its settings written, what an earlier run's crash mid-save left removed
+                write_atomically(self.files.config, json.dumps(self.config.as_dict(), indent=2) + "\n")
                 clean_run_folder(self.files.checkpoint)
         self.backend.barrier()
         watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
         failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
         self._call("on_run_start")
-        self.control.should_stop |= run_start(  # the parts of the start not done: config, evaluation, warm start
-            self.state, warm=self.config.warm_start.steps > 0, write_config=self._write_config, evaluate=self._evaluate_stage,
-            warm_start=self._warm_start, save=self.save,
-            back_to_checkpoint=lambda: self.load_state_dict(load_run(self.files.checkpoint, self.backend)))
+        self.control.should_stop |= run_start(  # the parts of the start not done: evaluation, warm start, evaluation
+            self.state, warm=self.config.warm_start.steps > 0, evaluate=self._evaluate_stage, warm_start=self._warm_start,
+            save=self.save, back_to_checkpoint=lambda: self.load_state_dict(load_run(self.files.checkpoint, self.backend)))
         last, every = (run.steps if run.stop_after is None else min(run.steps, run.stop_after)), self.config.eval.every
         with stop_on_interrupt(self.control), progress(total=run.steps, initial=self.step,
                                                        show=run.progress if self.backend.rank == 0 else False, unit="step") as bar:
@@ -194,13 +195,7 @@ class Trainer:
                     bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
         # A resumed run that goes past the step of its "final" evaluation is evaluated again at its new last step.
         if self.step >= run.steps and self.state.stage_steps.get("final") != self.step:
-            rng = capture_rng()
-            try:
-                self._evaluate_stage("final")
-            except KeyboardInterrupt:  # the run itself is done: keep it, and let a resume evaluate it
-                restore_rng(rng)
-                self.control.should_stop = True
-                say("stopped during the final evaluation; --run.resume true runs it again")
+            self.control.should_stop |= run_final(self._evaluate_stage)
         self.save()
         if self.step >= run.steps:
             self.export_policy(self.files.policy)
@@ -208,11 +203,6 @@ class Trainer:
                              self.files.checkpoint, self.files.policy, watch.steps, watch.updated_steps, watch.skipped)
         self._call("on_run_end", result)
         return result
-
-    def _write_config(self) -> None:
-        if self.backend.rank == 0:
-            self.files.root.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.files.config, json.dumps(self.config.as_dict(), indent=2) + "\n")
 
     def close(self) -> None:
         """Stop the environment worker (``rollout.env_worker``), if one runs; a later step starts another."""
@@ -281,13 +271,9 @@ class Trainer:
             **stats,
             "lr": lr,
             "tokens_per_s": agent_tokens / max(now - started, 1e-9),
-            "time/generation": timings.generation_s,
-            "time/env": timings.env_s,
-            "time/search": timings.search_s,
-            "time/env_worker": timings.worker_s,
-            "time/rollout": timings.total_s,
-            "time/update": now - update_started,
-            "time/step": now - started,
+            "time/generation": timings.generation_s, "time/env": timings.env_s, "time/search": timings.search_s,
+            "time/env_worker": timings.worker_s, "time/rollout": timings.total_s,
+            "time/update": now - update_started, "time/step": now - started,
         }
         if self.backend.world_size > 1:
             metrics = all_rank_metrics(self.backend, metrics, update_keys)
@@ -441,9 +427,8 @@ class Trainer:
         self.state.load_state_dict(state)
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write a checkpoint (default: the run's ``checkpoint.pt``) with
-        :func:`agents.training.checkpoint.save_run`: the backend's folder, then the trainer's state naming
-        it, replaced atomically."""
+        """Write a checkpoint (default: the run's ``checkpoint.pt``; :func:`~agents.training.checkpoint.save_run`:
+        the backend's folder, then the trainer's state naming it, replaced atomically)."""
         path = save_run(path or self.files.checkpoint, self.step, self.state_dict(), self.backend)
         self._call("on_checkpoint", path)
         return path

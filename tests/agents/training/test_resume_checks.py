@@ -28,7 +28,7 @@ from agents.training.checkpoint import load_checkpoint  # noqa: E402
 from agents.training.config import RESUME_FREE, TrainConfig  # noqa: E402
 from agents.training.data import QuestionOrder  # noqa: E402
 from agents.training.resume import free_settings  # noqa: E402
-from agents.training.run_start import run_start  # noqa: E402
+from agents.training.run_stages import run_start  # noqa: E402
 from agents.training.run_state import START_PARTS, RunState  # noqa: E402
 from agents.training.trainer import Trainer  # noqa: E402
 from tests.agents.training.tiny import records, run, small_config  # noqa: E402
@@ -219,19 +219,18 @@ class StartSteps:
         self.state.load_state_dict(self.checkpoint)
 
     def start(self, warm: bool) -> bool:
-        return run_start(self.state, warm=warm, write_config=lambda: self._run("config"),
-                         evaluate=lambda stage, extra: self._run(f"evaluate {stage}"), warm_start=self._warm_start,
-                         save=self._save, back_to_checkpoint=self._back)
+        return run_start(self.state, warm=warm, evaluate=lambda stage, extra: self._run(f"evaluate {stage}"),
+                         warm_start=self._warm_start, save=self._save, back_to_checkpoint=self._back)
 
 
-WHOLE_START = ["config", "evaluate start", "save", "warm start", "save", "evaluate warm start"]
+WHOLE_START = ["evaluate start", "save", "warm start", "save", "evaluate warm start"]
 
 
 @pytest.mark.parametrize("interrupted, ran, done, then, resumed", [
     (None, WHOLE_START, START_PARTS, None, []),
-    ("evaluate start", WHOLE_START[:2], (), "stopped during the start evaluation; --run.resume true runs it again", WHOLE_START),
-    ("warm start", [*WHOLE_START[:4], "back to the checkpoint"], ("start",),
-     "stopped during the warm start; --run.resume true starts the warm start again", WHOLE_START[2:]),
+    ("evaluate start", WHOLE_START[:1], (), "stopped during the start evaluation; --run.resume true runs it again", WHOLE_START),
+    ("warm start", [*WHOLE_START[:3], "back to the checkpoint"], ("start",),
+     "stopped during the warm start; --run.resume true starts the warm start again", WHOLE_START[1:]),
     ("evaluate warm start", [*WHOLE_START, "back to the checkpoint"], ("start", "warm start"),
      "stopped during the evaluation after the warm start; --run.resume true goes on from the warm-started policy",
      ["evaluate warm start"]),
@@ -253,7 +252,7 @@ def test_the_start_runs_its_parts_in_order_and_a_ctrl_c_goes_back_to_the_last_ch
 def test_a_start_without_a_warm_start_evaluates_once_and_a_step_ends_it():
     state = RunState(QuestionOrder(10, seed=0))
     steps = StartSteps(state)
-    assert steps.start(warm=False) is False and steps.ran == ["config", "evaluate start"]
+    assert steps.start(warm=False) is False and steps.ran == ["evaluate start"]
     assert state.start_done == set(START_PARTS)
     fresh = RunState(QuestionOrder(10, seed=0))
     fresh.advance()  # a step taken outside train(): the start is behind it
