@@ -4,13 +4,10 @@ decodes the current weights (nothing to sync)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agents.rollout.agent import RolloutAgent
 from agents.rollout.engines import EngineSetup, register_engine
-
-if TYPE_CHECKING:  # torch and transformers load with the first agent, not with the run's config
-    from agents.policies.policy import HFPolicy
-    from agents.rollout.hf_sampler import HFSampler
 
 __all__ = ["HFEngine", "HFEngineOptions"]
 
@@ -32,8 +29,11 @@ class HFEngine:
     """A :class:`~agents.rollout.engines.RolloutEngine` over ``policy`` itself: each agent is an
     :class:`~agents.rollout.hf_sampler.HFSampler` at the engine's temperature and top-p.
 
+    The sampler's module (torch, transformers) is imported with the first agent, not with the run's
+    config, whose ``--help`` reads this module.
+
     Args:
-        policy: the policy whose model decodes (the trained one, in training).
+        policy: the :class:`~agents.policies.policy.HFPolicy` whose model decodes (the trained one, in training).
         temperature / top_p: how sampled agents sample.
         reuse_logprobs: see :class:`HFEngineOptions`.
     """
@@ -42,7 +42,7 @@ class HFEngine:
     decodes_trained_policy = True
     needs_policy = True
 
-    def __init__(self, policy: HFPolicy, *, temperature: float = 1.0, top_p: float = 1.0, reuse_logprobs: bool = False) -> None:
+    def __init__(self, policy: Any, *, temperature: float = 1.0, top_p: float = 1.0, reuse_logprobs: bool = False) -> None:
         self.policy, self.temperature, self.top_p = policy, temperature, top_p
         self.reuse_logprobs = reuse_logprobs
 
@@ -50,7 +50,7 @@ class HFEngine:
     def build(cls, options: HFEngineOptions, setup: EngineSetup) -> HFEngine:
         return cls(setup.policy, temperature=setup.temperature, top_p=setup.top_p, reuse_logprobs=options.reuse_logprobs)
 
-    def agent(self, *, greedy: bool, seed: int) -> HFSampler:
+    def agent(self, *, greedy: bool, seed: int) -> RolloutAgent:
         from agents.rollout.hf_sampler import HFSampler
 
         return HFSampler(self.policy, temperature=self.temperature, top_p=self.top_p, greedy=greedy, seed=seed)
