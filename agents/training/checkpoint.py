@@ -8,7 +8,7 @@ file in the same folder while its digest is taken, flushed to disk, then renamed
 (atomic on POSIX and Windows): a crash at any point leaves either the old checkpoint or the new one, never half of one. On
 load the length and the digest are checked before torch reads a byte, so a truncated, empty, foreign or
 bit-flipped file is one ``ValueError`` line naming the file and what is wrong with it, never weights that
-are silently off. (A torch file without the header, written before checkpoints had one, loads unchecked.)
+are silently off.
 
 A run's checkpoint (:func:`save_run`) is the trainer's state in ``checkpoint.pt`` naming a folder
 ``checkpoints/step-N`` that the backend wrote first; ``checkpoint.pt`` also lists that folder's files
@@ -134,10 +134,10 @@ def _sha256(handle: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
-def _read_header(handle: IO[bytes], target: Path) -> tuple[str, int] | None:
+def _read_header(handle: IO[bytes], target: Path) -> tuple[str, int]:
     """The payload's ``(sha256, length)`` that the header of the checkpoint file open in ``handle`` states,
-    after checking that the file has that length; ``None`` for a torch file without a header. What is
-    wrong is one ``ValueError`` line naming ``target``."""
+    after checking that the file has that length. What is wrong is one ``ValueError`` line naming
+    ``target``."""
     size = os.fstat(handle.fileno()).st_size
     if size == 0:
         raise ValueError(f"checkpoint {target} is empty (0 bytes): it was never fully written")
@@ -151,9 +151,7 @@ def _read_header(handle: IO[bytes], target: Path) -> tuple[str, int] | None:
             what = "is truncated" if size - HEADER_SIZE < length else "has bytes appended"
             raise ValueError(f"checkpoint {target} {what}: {max(size - HEADER_SIZE, 0)} of the {length} bytes written")
         return digest, length
-    if head.startswith(b"PK\x03\x04"):  # a torch (zip) file from before checkpoints had a header
-        return None
-    raise ValueError(f"{target} is not a checkpoint ({size} bytes that are neither a checkpoint nor a torch file)")
+    raise ValueError(f"{target} is not a checkpoint ({size} bytes without a checkpoint's header)")
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -169,11 +167,8 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     if not target.is_file():
         raise FileNotFoundError(f"no checkpoint at {target}")
     with open(target, "rb") as handle:
-        header = _read_header(handle, target)
-        if header is None:
-            handle.seek(0)
-            return _torch_load(handle, target, map_location)
-        if _sha256(handle) != header[0]:
+        digest, _ = _read_header(handle, target)
+        if _sha256(handle) != digest:
             raise ValueError(f"checkpoint {target} is corrupt: its SHA-256 differs from the one written with it")
         return _torch_load(_Window(handle, HEADER_SIZE), target, map_location)
 
@@ -296,7 +291,7 @@ def _check_listed_file(file: Path, listed: Mapping[str, Any]) -> None:
     if listed["header"]:
         with open(file, "rb") as handle:
             header = _read_header(handle, file)
-        if header is None or header != (listed["sha256"], listed["size"]):
+        if header != (listed["sha256"], listed["size"]):
             raise ValueError(f"checkpoint file {file} is corrupt: its header differs from the one the checkpoint lists")
     elif file.stat().st_size == 0:
         raise ValueError(f"checkpoint file {file} is empty (0 bytes)")

@@ -80,8 +80,7 @@ def test_a_flipped_byte_in_a_plain_checkpoint_file_is_found(tmp_path):
 
 
 def test_a_checkpoint_holding_code_is_refused_without_torchs_advice(tmp_path):
-    path = tmp_path / "checkpoint.pt"
-    torch.save({"module": torch.nn.Linear(2, 2)}, path)  # a torch file without the header: loaded unchecked
+    path = save_checkpoint(tmp_path / "checkpoint.pt", {"module": torch.nn.Linear(2, 2)})  # whole, but pickled code
     with pytest.raises(ValueError) as error:
         load_checkpoint(path)
     assert "holds objects other than tensors" in str(error.value) and "weights_only" not in str(error.value)
