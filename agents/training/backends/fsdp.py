@@ -119,8 +119,8 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         self._roots = self._shard(policy.model, policy.value_head)
         if critic is not None:
             self._shard(critic.to(device).backbone, critic.value_head)
-        if reference is not None:
-            self._shard(reference.model, reference.value_head)
+        # The reference runs no backward pass: its root is sharded again after each forward too.
+        self._reference_roots = [] if reference is None else self._shard(reference.model, reference.value_head, True)
         super().__init__(policy, config, critic=critic, critic_learning_rate=critic_learning_rate,
                          critic_warmup_steps=critic_warmup_steps)
         self.reference, self._with_reference = reference, with_reference
@@ -135,17 +135,17 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         check_world(config, launcher_world_size())
         return cls(policy, config, **trained_models(config, policy, algorithm).options())
 
-    def _shard(self, trunk: nn.Module, head: nn.Module | None) -> list[nn.Module]:
+    def _shard(self, trunk: nn.Module, head: nn.Module | None, root_reshard: bool = False) -> list[nn.Module]:
         """Shard ``trunk`` layer by layer with itself as the root unit, and ``head`` (a value head, called
-        after the trunk's forward) as a root of its own; returns the roots."""
+        after the trunk's forward) as a root of its own; returns the roots. A root keeps its parameters whole
+        after its forward unless ``root_reshard`` (FSDP's default: the backward pass needs them at once)."""
         from torch.distributed.fsdp import fully_shard
 
         for layer in decoder_layers(trunk):
             fully_shard(layer, mesh=self._mesh, reshard_after_forward=self._reshard)
-        # The root's parameters are needed again at once by the backward pass: FSDP's own default keeps them.
-        roots = [fully_shard(trunk, mesh=self._mesh, reshard_after_forward=False)]
+        roots = [fully_shard(trunk, mesh=self._mesh, reshard_after_forward=root_reshard)]
         if head is not None:
-            roots.append(fully_shard(head, mesh=self._mesh, reshard_after_forward=False))
+            roots.append(fully_shard(head, mesh=self._mesh, reshard_after_forward=root_reshard))
         return roots
 
     @property
@@ -154,6 +154,14 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
 
     def _held(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+    def _rebuilt_digest(self) -> str:
+        """Over this rank's shards: every unit is sharded first (a root may still hold its parameters whole
+        after a forward pass), so that the digest does not depend on when it is taken."""
+        if self._rebuilt_sha256 is None:
+            for unit in _units(self._roots + self._reference_roots):
+                unit.reshard()
+        return super()._rebuilt_digest()
 
     # -- whole weights ---------------------------------------------------------------------------
     @contextmanager
@@ -166,7 +174,7 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
             with self._precision():
                 yield
             return
-        units = [module for root in self._roots for module in root.modules() if _is_unit(module)]
+        units = _units(self._roots)
         for unit in units:
             unit.unshard()
         for root in self._roots:
@@ -273,10 +281,11 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         super().load_state_dict(state)
 
 
-def _is_unit(module: nn.Module) -> bool:
+def _units(roots: list[nn.Module]) -> list[nn.Module]:
+    """The FSDP units under ``roots``, the roots included."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(module, FSDPModule)
+    return [module for root in roots for module in root.modules() if isinstance(module, FSDPModule)]
 
 
 class _StateDictHooks:

@@ -22,9 +22,9 @@ skip_without("deepspeed", "deepspeed")
 import torch  # noqa: E402
 
 from agents.training.config import TrainConfig  # noqa: E402
-from agents.training.backends.deepspeed_setup import deepspeed_config
+from agents.training.backends.deepspeed_setup import deepspeed_config  # noqa: E402
 from agents.training.backends.distributed import check_world  # noqa: E402
-from tests.agents.training.torchrun import ROOT, rank_env, torchrun  # noqa: E402
+from tests.agents.training.torchrun import ROOT, equivalence_run, rank_env, train_run  # noqa: E402
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
@@ -33,15 +33,8 @@ ATOL = 1e-5
 
 
 def _update(tmp_path: Path, algo: str, backend: str, zero: int = 2, critic: str = "head", *flags: str) -> dict:
-    out = tmp_path / f"{algo}-{critic}-{backend}-{zero}.pt"
-    args = ["-m", "tests.agents.training.ds_equivalence", "--algo", algo, "--backend", backend, "--zero", str(zero),
-            "--critic", critic, "--out", str(out), *flags]
-    if backend == "torch":
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-4000:]
-    else:
-        torchrun(2, *args)
-    return torch.load(out)
+    return equivalence_run(tmp_path / f"{algo}-{critic}-{backend}-{zero}.pt", backend, "--algo", algo, "--zero", str(zero),
+                           "--critic", critic, *flags)
 
 
 @pytest.mark.parametrize("algo, zero, critic", [("grpo", 2, "head"), ("grpo", 3, "head"), ("ppo", 3, "head"),
@@ -131,12 +124,8 @@ def test_a_separate_critic_is_checkpointed_by_its_own_engine(tmp_path):
 
 
 def _train(tmp_path: Path, out: str, *flags: str) -> None:
-    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--backend.zero_stage", "3", "--run.steps", "2",
-             "--rollout.questions_per_step", "2", "--algorithm.group_size", "2", "--env.max_new_tokens", "12",
-             "--data.world_size", "30", "--eval.questions", "2", "--optim.micro_batch_size", "2",
-             "--optim.learning_rate", "1e-3", "--algorithm.kl_coef", "0.01", "--model.tiny_layers", "1",
-             "--model.tiny_hidden", "32", "--model.tiny_heads", "2", "--run.report_to", "[]",
-             "--run.output_dir", str(tmp_path / out), *flags)
+    train_run("deepspeed", tmp_path / out, "--backend.zero_stage", "3", "--eval.questions", "2",
+              "--optim.learning_rate", "1e-3", *flags)
 
 
 def test_a_stopped_two_rank_run_resumes_to_the_uninterrupted_parameters(tmp_path):

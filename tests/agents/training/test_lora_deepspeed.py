@@ -4,8 +4,6 @@ base weights as they were; a stopped run's checkpoints hold the adapters only (t
 parameters left out) and resume to the uninterrupted run's adapters, gradient checkpointing on."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ import torch  # noqa: E402
 from agents.policies.config import ModelConfig  # noqa: E402
 from agents.policies.loading import load_policy  # noqa: E402
 from tests.agents.training.test_deepspeed_backend import ATOL  # noqa: E402
-from tests.agents.training.torchrun import ROOT, rank_env, torchrun  # noqa: E402
+from tests.agents.training.torchrun import equivalence_run, train_run  # noqa: E402
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
@@ -29,15 +27,8 @@ SHAPE = {"tiny_layers": 1, "tiny_hidden": 32, "tiny_heads": 2}
 
 
 def _lora_update(tmp_path: Path, backend: str, zero: int) -> dict:
-    out = tmp_path / f"lora-{backend}-{zero}.pt"
-    args = ["-m", "tests.agents.training.ds_equivalence", "--algo", "grpo", "--backend", backend, "--zero", str(zero),
-            "--lora-rank", "4", "--out", str(out)]
-    if backend == "torch":
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-4000:]
-    else:
-        torchrun(2, *args)
-    return torch.load(out)
+    return equivalence_run(tmp_path / f"lora-{backend}-{zero}.pt", backend, "--algo", "grpo", "--zero", str(zero),
+                           "--lora-rank", "4")
 
 
 def _plain_name(name: str) -> str:
@@ -62,12 +53,8 @@ def test_two_ranks_train_the_adapters_as_one_process_does(tmp_path, zero):
 
 
 def _train(tmp_path: Path, out: str, zero: int, *flags: str) -> None:
-    torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", "--backend.zero_stage", str(zero), "--run.steps", "2",
-             "--rollout.questions_per_step", "2", "--algorithm.group_size", "2", "--env.max_new_tokens", "12",
-             "--data.world_size", "30", "--eval.questions", "0", "--optim.micro_batch_size", "2",
-             "--optim.learning_rate", "1e-2", "--algorithm.kl_coef", "0.01", "--model.tiny_layers", "1",
-             "--model.tiny_hidden", "32", "--model.tiny_heads", "2", "--model.lora_rank", "4", "--run.report_to", "[]",
-             "--run.output_dir", str(tmp_path / out), *flags)
+    train_run("deepspeed", tmp_path / out, "--backend.zero_stage", str(zero), "--eval.questions", "0",
+              "--optim.learning_rate", "1e-2", "--model.lora_rank", "4", *flags)
 
 
 def test_a_stopped_two_rank_lora_run_keeps_the_adapters_only_and_resumes_exactly(tmp_path):

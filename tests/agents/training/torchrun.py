@@ -1,4 +1,5 @@
-"""Run a module or script on several CPU ranks with ``torchrun`` (gloo), as the DeepSpeed tests do."""
+"""Run a module or script on several CPU ranks with ``torchrun`` (gloo), as the DeepSpeed and FSDP tests do,
+and the runs those tests compare."""
 from __future__ import annotations
 
 import os
@@ -30,3 +31,31 @@ def torchrun(ranks: int, *args: str, timeout: int = 600) -> subprocess.Completed
     done = subprocess.run(command, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
+
+
+def equivalence_run(out: Path, backend: str, *flags: str) -> dict:
+    """:mod:`tests.agents.training.ds_equivalence` with ``--backend BACKEND FLAGS...``: one process for
+    ``torch``, two ranks under ``torchrun`` for a data-parallel backend (``deepspeed``, ``fsdp``); returns what
+    rank 0 wrote to ``out``."""
+    import torch
+
+    args = ["-m", "tests.agents.training.ds_equivalence", "--backend", backend, "--out", str(out), *flags]
+    if backend == "torch":
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+    else:
+        torchrun(2, *args)
+    return torch.load(out)
+
+
+#: ``agents.train`` flags of a two-step run of the tiny model that two ranks share (one question group each).
+TINY_RUN = ("--run.steps", "2", "--rollout.questions_per_step", "2", "--algorithm.group_size", "2",
+            "--env.max_new_tokens", "12", "--data.world_size", "30", "--optim.micro_batch_size", "2",
+            "--algorithm.kl_coef", "0.01", "--model.tiny_layers", "1", "--model.tiny_hidden", "32",
+            "--model.tiny_heads", "2", "--run.report_to", "[]")
+
+
+def train_run(backend: str, output_dir: Path, *flags: str, ranks: int = 2) -> None:
+    """``agents.train`` of :data:`TINY_RUN` on ``ranks`` ranks with ``--run.backend BACKEND FLAGS...``,
+    writing to ``output_dir``."""
+    torchrun(ranks, "-m", "agents.train", "--run.backend", backend, *TINY_RUN, "--run.output_dir", str(output_dir), *flags)
