@@ -14,7 +14,6 @@ same demonstrations, order and schedule, to the same weights as an uninterrupted
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -25,6 +24,7 @@ from agents.policies.policy import HFPolicy
 from agents.rollout.batch import TrainBatch, build_batch
 from agents.scripted.demonstrations import Demonstrations, make_demonstrations
 from agents.training.backends import TrainingBackend
+from agents.training.backends.schedules import warmup_cosine
 from agents.training.config import TrainConfig
 from agents.training.console_log import bar_drawn, format_duration, say
 from agents.training.copy_warmup import copy_warmup
@@ -182,7 +182,7 @@ def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, example
     started = time.perf_counter()
     adamw = {"betas": tuple(config.optim.adam_betas), "weight_decay": config.optim.weight_decay}
     try:
-        with backend.supervised(options.learning_rate, lambda s: _lr_factor(s, warmup, options.steps), **adamw):
+        with backend.supervised(options.learning_rate, lambda s: warmup_cosine(s, warmup, options.steps), **adamw):
             for step in _steps(config, done, backend.rank):
                 while len(order) < options.batch_size:
                     order += torch.randperm(len(trajectories), generator=generator).tolist()
@@ -237,7 +237,13 @@ def trained_token_logprobs(policy: HFPolicy, input_ids: torch.Tensor, attention_
 
 def _scorer(policy: HFPolicy, probe: TrainBatch, device: torch.device) -> Scorer:
     """:func:`trained_token_logprobs` when it agrees with the policy's own forward pass on ``probe`` (a
-    model whose logits are the output embedding of the last hidden state), else the policy's forward."""
+    model whose logits are the output embedding of the last hidden state), else the policy's forward. A
+    model sharded by FSDP (the ``fsdp`` backend) takes the forward: its weights are gathered, and its
+    gradients reduced, by the hooks of the whole model's forward, which the shortcut does not call."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(policy.model, FSDPModule):
+        return lambda ids, mask, positions, trained: policy(ids, mask, positions).logprobs
 
     def full(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
         return policy(ids, mask, positions).logprobs
@@ -251,13 +257,6 @@ def _scorer(policy: HFPolicy, probe: TrainBatch, device: torch.device) -> Scorer
         reference, quick = full(*args), fast(*args)
     on = args[3].bool()
     return fast if torch.allclose(reference[on], quick[on], atol=1e-4) else full
-
-
-def _lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up to 1 over ``warmup`` steps, then a cosine decay to 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1.0 + math.cos(math.pi * min((step - warmup) / max(total - warmup, 1), 1.0)))
 
 
 #: Off a terminal, a plain progress line every this share of the warm start's steps.

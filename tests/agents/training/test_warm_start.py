@@ -10,12 +10,13 @@ skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
 from agents.training.backends import TorchBackend  # noqa: E402
+from agents.training.backends.schedules import warmup_cosine  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.scripted.demonstrations import make_demonstrations  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy  # noqa: E402
 from agents.rollout.batch import build_batch  # noqa: E402
-from agents.training.warm_start import _lr_factor, warm_start_loss, trained_token_logprobs, warm_start  # noqa: E402
+from agents.training.warm_start import warm_start_loss, trained_token_logprobs, warm_start  # noqa: E402
 from search_env import SearchQAEnv  # noqa: E402
 
 
@@ -64,11 +65,11 @@ def test_environment_tokens_carry_no_loss(env):
 
 
 def test_learning_rate_warms_up_then_decays_on_a_cosine():
-    assert _lr_factor(0, 4, 20) == pytest.approx(0.25)
-    assert _lr_factor(3, 4, 20) == pytest.approx(1.0)
-    assert _lr_factor(4, 4, 20) == pytest.approx(1.0)
-    assert _lr_factor(12, 4, 20) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert _lr_factor(20, 4, 20) == pytest.approx(0.0)
+    assert warmup_cosine(0, 4, 20) == pytest.approx(0.25)
+    assert warmup_cosine(3, 4, 20) == pytest.approx(1.0)
+    assert warmup_cosine(4, 4, 20) == pytest.approx(1.0)
+    assert warmup_cosine(12, 4, 20) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert warmup_cosine(20, 4, 20) == pytest.approx(0.0)
 
 
 def test_warm_start_lowers_the_loss_and_is_seeded(env):
