@@ -324,7 +324,8 @@ class RunConfig:
         seed: seed of everything random in the run (model init, data order, sampling).
         device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
         backend: the training backend, a registered one (:mod:`agents.training.backends`): ``torch`` (one
-            device) or ``deepspeed`` (ZeRO data parallelism, one process per device under ``torchrun``).
+            device), ``deepspeed`` (ZeRO-2/3) or ``fsdp`` (PyTorch's FSDP2), the last two data-parallel with
+            one process per device under ``torchrun``.
             Its own settings are the ``backend`` group (``--backend.FIELD``; ``--run.backend NAME --help``
             lists them).
         dtype: the training precision: ``auto`` (bf16 on a GPU that supports it, fp32 on a CPU),
