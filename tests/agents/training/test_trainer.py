@@ -118,7 +118,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, algo):
     steps = [r["step"] for r in records(result.metrics_path) if "stage" not in r]
     assert steps == [1, 2, 3]
     assert set(result.evaluations) == {"start", "final"}
-    assert result.evaluations["start"] == whole.evaluations["start"]
+    assert result.evaluations["start"] == whole.state.evaluations["start"]
     # Equality is not trivial: the steps after the resume moved the weights.
     assert not torch.equal(first.policy.model.get_input_embeddings().weight,
                            resumed.policy.model.get_input_embeddings().weight)
