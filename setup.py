@@ -32,12 +32,17 @@ EXTRAS = {
     "lora": ["peft>=0.21"],  # model.lora_rank > 0: LoRA adapters on the policy (peft)
     "vllm": ["vllm"],
     "bench": ["fastapi>=0.110"],  # the Search-R1 server stand-in in benchmarks/peers
-    "trl": ["trl>=1.16"],  # TRL's GRPOTrainer, run beside ours by benchmarks.grpo_step_vs_trl
+    "trl": ["trl>=1.16"],  # TRL's GRPOTrainer: search_env.integrations.trl, and benchmarks.grpo_step_vs_trl
+    "skyrl": ["skyrl-gym>=0.4"],  # search_env.integrations.skyrl (SkyRL-gym's BaseTextEnv)
+    # In virtualenvs of their own (.ci/gem_venv.sh, .ci/verl_venv.sh), so not in "all": gem-llm pins exact
+    # versions of several packages, and verl caps transformers below the "agents" extra's floor.
+    "gem": ["gem-llm>=0.1.0"],  # search_env.integrations.gem
+    "verl": ["verl>=0.9.1"],  # search_env.integrations.verl_tool (the rewards and data files need no verl)
     "wandb": ["wandb>=0.17"],  # run.report_to: wandb (offline unless WANDB_MODE says otherwise)
     "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
 }
 # deepspeed is in "all" so that CI runs the multi-rank tests (it builds its CPU ops on first use, ~30 s).
-EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "vllm" for req in reqs})
+EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "gem", "verl") for req in reqs})
 
 setup(
     name="searchqa-gym",

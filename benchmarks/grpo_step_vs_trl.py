@@ -13,7 +13,7 @@ a one-line prompt (12 tokens) in a compact Search-R1 dialect, a large world, a 2
 - Ours: :meth:`agents.training.trainer.Trainer.train_step` (``HFSampler`` keeping each row's KV cache across
   turns, :func:`agents.rollout.collect.collect_rollouts`, log-probs of the rollout policy, GRPO advantages, the
   update through ``TorchBackend``).
-- TRL: ``GRPOTrainer.train()`` with :class:`benchmarks.peers.trl_grpo.SearchQARollout` as its
+- TRL: ``GRPOTrainer.train()`` with the public adapter :class:`search_env.integrations.trl.SearchQARollout` as its
   ``rollout_func``: per turn, transformers ``generate`` over each whole context (re-prefilled each turn,
   which is what the hook gives a TRL user), the chunk to the environment, its tokens appended.
 
@@ -137,7 +137,8 @@ def our_step(trainer: Trainer) -> StepRecord:
 
 def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
     """Both sides' step records (warm-up steps included), TRL's and ours alternated."""
-    from benchmarks.peers.trl_grpo import SearchQARollout, StepClock, build_trainer as build_trl_trainer, hf_tokenizer
+    from benchmarks.peers.trl_grpo import StepClock, build_trainer as build_trl_trainer
+    from search_env.integrations.trl import SearchQARollout, hf_tokenizer
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as workdir:  # models, TRL's output dir
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepRecord], list[StepRecord]]:
         order = copy.deepcopy(ours.order)
         chosen = [examples[i] for i in order.take(args.prompts * config.run.steps)]
         tokenizer = hf_tokenizer(first.codec)
-        rollout = SearchQARollout(env, chosen, tokenizer, first.protocol.stop_strings)
+        rollout = SearchQARollout(env, examples=chosen, tokenizer=tokenizer)
         trl_records: list[StepRecord] = []
         our_records: list[StepRecord] = []
 

@@ -1,5 +1,6 @@
-"""The GRPO-step benchmark against TRL: its peer side plays the same episodes correctly, and the
-benchmark runs end to end and reports both sides. Skipped when TRL (an optional extra) is absent."""
+"""The GRPO-step benchmark against TRL: the benchmark runs end to end and reports both sides (the peer's
+rollout is the public TRL adapter, tested in tests/search_env/integrations/test_trl.py). Skipped when TRL
+(an optional extra) is absent."""
 import json
 import os
 
@@ -10,76 +11,9 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers", "yaml")
 skip_without("trl", "trl", "datasets")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-import torch  # noqa: E402
 
-from agents.policies.loading import tiny_causal_lm  # noqa: E402
-from agents.policies.policy import HFPolicy  # noqa: E402
 from benchmarks import grpo_step_vs_trl  # noqa: E402
-from benchmarks.peers.trl_grpo import SearchQARollout, StepClock, build_trainer, hf_tokenizer  # noqa: E402
-from search_env import AGENT, ENVIRONMENT, BatchSearchQAEnv  # noqa: E402
-
-
-def calling_model(codec):
-    """A tiny LM whose next token ignores the context: ``<search>`` and ``</search>`` a quarter of the
-    time each, any other id uniformly otherwise - so episodes search again and again (multi-turn)."""
-    model = tiny_causal_lm(codec.vocab_size, eos_id=min(codec.eos_ids), pad_id=codec.pad_id, seed=0)
-    model.config.tie_word_embeddings = False
-    head = torch.nn.Linear(model.config.hidden_size, codec.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.zero_()
-        tags = codec.encode("<search>") + codec.encode("</search>")
-        assert len(tags) == 2, "the built-in tokenizer has the search tags as single tokens"
-        # exp(b) / (exp(b) * 2 + vocab - 2) = 1/4  =>  exp(b) = (vocab - 2) / 2
-        head.bias[tags] = torch.log(torch.tensor((codec.vocab_size - 2) / 2.0))
-    model.lm_head = head
-    return model
-
-
-@pytest.fixture(scope="module")
-def env():
-    env = BatchSearchQAEnv(4, protocol="search-r1", max_new_tokens=24)
-    yield env
-    env.close()
-
-
-def test_peer_rollout_records_the_episodes_and_their_sampling_logprobs(env):
-    codec = env.envs[0].codec
-    torch.manual_seed(0)
-    model = calling_model(codec)
-    examples = env.envs[0].examples[:2]
-    tokenizer = hf_tokenizer(codec)
-    rollout = SearchQARollout(env, examples, tokenizer, env.envs[0].protocol.stop_strings)
-    trainer = build_trainer(model, tokenizer, rollout, [ex.question for ex in examples], steps=1, group_size=2,
-                            micro_batch_size=2, learning_rate=1e-6, temperature=1.0, top_p=1.0, beta=0.0,
-                            max_new_tokens=24, seed=0, callbacks=[])
-    prompts = [ex.question for ex in examples for _ in range(2)]  # TRL repeats each prompt group-size times
-    out = rollout(prompts, trainer)
-
-    trajectories = [e.trajectory for e in env.envs]
-    assert [t.question for t in trajectories] == prompts
-    assert rollout.last.turns > 1 and any(t.tool_calls for t in trajectories)
-    policy = HFPolicy(model, codec)
-    search_close = codec.encode("</search>")[0]
-    for t, prompt_ids, completion, mask, logprobs in zip(
-        trajectories, out["prompt_ids"], out["completion_ids"], out["env_mask"], out["logprobs"]
-    ):
-        assert prompt_ids + completion == t.token_ids
-        assert mask == list(t.trained[t.prompt_length:])
-        assert sum(mask) == 24  # no answer tag: every episode spends its whole agent budget
-        assert any(p == ENVIRONMENT for p in t.producers[t.prompt_length:])
-        # Each turn was cut right after its stop string: the environment answers the very next token.
-        for k in range(t.prompt_length, len(t.token_ids) - 1):
-            if t.token_ids[k] == search_close and t.producers[k] == AGENT:
-                assert t.producers[k + 1] == ENVIRONMENT
-        # The recorded log-probs are the model's own (an independent forward pass over the episode), 0 on env tokens.
-        ids = torch.tensor([t.token_ids])
-        with torch.no_grad():
-            expected = policy(ids, torch.ones_like(ids)).logprobs[0, t.prompt_length:]
-        got = torch.tensor(logprobs)
-        agent = torch.tensor(mask, dtype=torch.bool)
-        torch.testing.assert_close(got[agent], expected[agent], atol=1e-4, rtol=0)
-        assert torch.all(got[~agent] == 0)
+from benchmarks.peers.trl_grpo import StepClock  # noqa: E402
 
 
 def test_step_clock_times_each_step_and_calls_between_in_order():
@@ -111,20 +45,6 @@ def test_benchmark_runs_both_sides_on_the_same_work(capsys):
 def test_bad_batch_split_is_refused():
     with pytest.raises(SystemExit):
         grpo_step_vs_trl.parse_args(["--prompts", "3", "--group", "3", "--micro-batch", "2"])
-
-
-def test_peer_cuts_a_turn_after_a_stop_string_spread_over_several_tokens(split_tag_tokenizer):
-    env = BatchSearchQAEnv(1, protocol="search-r1", tokenizer=split_tag_tokenizer)
-    codec = env.envs[0].codec
-    rollout = SearchQARollout(env, env.envs[0].examples[:1], hf_tokenizer(codec), env.envs[0].protocol.stop_strings)
-    for text in ("where people <search> the answer </search> is in the", "the answer </answer> live", "no tag at all"):
-        ids = codec.encode(text)
-        # Independently: the shortest prefix whose text holds a stop string (the whole row when none does).
-        expected = next((k for k in range(1, len(ids) + 1) if any(s in codec.decode(ids[:k]) for s in ("</search>", "</answer>"))), len(ids))
-        assert rollout._chunk_end(ids) == expected
-    eos = min(codec.eos_ids)
-    assert rollout._chunk_end(codec.encode("the answer") + [eos] + codec.encode("</search>")) == len(codec.encode("the answer")) + 1
-    env.close()
 
 
 def test_the_command_writes_the_medians_and_ratios_of_the_timed_steps(tmp_path, monkeypatch, capsys):
