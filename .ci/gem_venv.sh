@@ -11,8 +11,9 @@
 #
 # What goes in: gem-llm (pinned below), plus what its QA environment and search tool import at module
 # level without declaring it outside the heavy "search" extra: datasets (gem.envs.qa_env) and requests
-# (gem.tools.search_tool). This project is not installed there: the GEM side of the benchmark
-# (benchmarks/peers/gem_answer_turn.py) imports only GEM and the standard library.
+# (gem.tools.search_tool). This project goes in editable without extras (numpy, gymnasium, networkx,
+# bm25s, tokenizers), for its GEM adapter's test (search_env/integrations/gem.py); the GEM side of the
+# benchmark (benchmarks/peers/gem_answer_turn.py) still imports only GEM and the standard library.
 #
 # Idempotent and cached: a stamp file records the pins, BUILD_REVISION and the Python version; when it
 # matches and the venv's interpreter imports GEM's ToolEnvWrapper and QaEnv, the script prints DIR and
@@ -20,15 +21,16 @@
 # below must rebuild existing venvs. A lock file keeps two concurrent callers from building at once.
 set -euo pipefail
 
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DIR="${1:-${SEARCHQA_GEM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/searchqa-gym/gem-venv}}"
 PY="${PYTHON:-python3}"
 
 GEM_PIN="gem-llm==0.1.0"
 EXTRA_PINS=("datasets>=2.14" "requests>=2.31")
-BUILD_REVISION=1
+BUILD_REVISION=2
 WANT="$GEM_PIN|${EXTRA_PINS[*]}|$("$PY" -c 'import sys; print(sys.version.split()[0])')|$BUILD_REVISION"
 STAMP="$DIR/.searchqa-gem-stamp"
-CHECK='import gem.tools.tool_env_wrapper, gem.tools.search_tool, gem.envs.qa_env'
+CHECK='import gem.tools.tool_env_wrapper, gem.tools.search_tool, gem.envs.qa_env, search_env.integrations.gem'
 
 ready() {
     [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$DIR/bin/python" ] \
@@ -48,7 +50,8 @@ rm -rf "$DIR"
 PIP=("$DIR/bin/python" -m pip install --progress-bar off)
 "${PIP[@]}" --upgrade pip wheel setuptools >&2
 "${PIP[@]}" "$GEM_PIN" "${EXTRA_PINS[@]}" >&2
-# GEM's wrapper, tool and QA environment must import, or the stamp is not written.
+"${PIP[@]}" -e "$ROOT" >&2
+# GEM's wrapper, tool and QA environment, and this project's adapter, must import, or the stamp is not written.
 "$DIR/bin/python" -c "$CHECK; import importlib.metadata as m; print('gem venv ok: gem-llm', m.version('gem-llm'))" >&2
 echo "$WANT" >"$STAMP"
 echo "$DIR"
