@@ -21,6 +21,9 @@ from search_env.integrations.verl_data import rows
 from tests.search_env.integrations.scripted import base_env, plan_tool, reference, script, shared_settings
 
 
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
 def report(check: str, ok: bool, detail: object = None) -> None:
     print(json.dumps({"check": check, "ok": bool(ok), "detail": detail}), flush=True)
 
@@ -40,9 +43,11 @@ async def play(tool, row, arguments: list[str], argument_name: str) -> list[str]
 
 
 def check(protocol: str, base, folder: Path) -> None:
-    config = folder / f"{protocol}.yaml"
-    config.write_text(f"tools:\n  - class_name: search_env.integrations.verl_tool.SearchQATool\n"
-                      f"    config: {{type: native, protocol: {protocol}}}\n", encoding="utf-8")
+    config = REPO_ROOT / "examples" / "verl_tool_config.yaml"  # the README's config, for search-r1
+    if protocol != "search-r1":
+        config = folder / f"{protocol}.yaml"
+        config.write_text(f"tools:\n  - class_name: search_env.integrations.verl_tool.SearchQATool\n"
+                          f"    config: {{type: native, protocol: {protocol}}}\n", encoding="utf-8")
     [tool] = initialize_tools_from_config(str(config))
     schema = tool.get_openai_tool_schema().model_dump()
     argument = "plan" if protocol == "reasoning-search" else "query"
