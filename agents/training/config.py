@@ -4,8 +4,8 @@ The groups, as the command line and YAML recipes spell them (``--optim.learning_
 ``optim: {learning_rate: 1.0e-6}`` in a recipe):
 
 * ``model`` (:class:`~agents.policies.config.ModelConfig`): which model and tokenizer;
-* ``data`` (:class:`DataConfig`): the questions and what they are searched in;
-* ``env`` (:class:`EnvConfig`): the protocol, reward and episode budgets;
+* ``data`` (:class:`~agents.training.task_config.DataConfig`): the questions and what they are searched in;
+* ``env`` (:class:`~agents.training.task_config.EnvConfig`): the protocol, reward and episode budgets;
 * ``rollout`` (:class:`RolloutConfig`): how many episodes a step plays and how they are sampled;
 * ``optim`` (:class:`OptimConfig`): the optimiser, its schedule and the update's batching;
 * ``warm_start`` (:class:`WarmStartConfig`): supervised cloning of scripted demonstrations first;
@@ -22,146 +22,18 @@ config is built, so a bad recipe or flag fails with one line before any model is
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Mapping
 
 from agents.learners.config import AlgorithmConfig, check_warmup
 from agents.policies.config import ModelConfig
-
-#: The metadata of a setting a resume may change without being told (``run.allow_changes``): it changes how
-#: a run is watched, paced or stored, never what a step computes. Any group's class, an algorithm's too,
-#: declares its own (:func:`agents.training.resume.free_settings` collects them).
-RESUME_FREE: Mapping[str, Any] = MappingProxyType({"resume_free": True})
+from agents.training.config_fields import RESUME_FREE, check_finite, check_positive
+from agents.training.task_config import DataConfig, EnvConfig
 
 __all__ = [
-    "CHOSEN_GROUPS", "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig",
-    "TrainConfig", "WarmStartConfig",
+    "CHOSEN_GROUPS", "DataConfig", "EnvConfig", "EvalConfig", "GROUPS", "ModelConfig", "OptimConfig", "RESUME_FREE",
+    "RolloutConfig", "RunConfig", "TrainConfig", "WarmStartConfig",
 ]
-
-
-def _finite(group: str, obj: Any, *names: str) -> None:
-    """One-line errors for fields of ``obj`` that are NaN or infinite (a rate or limit of ``inf`` or
-    ``nan`` from a recipe would corrupt every update without an error)."""
-    for name in names:
-        value = getattr(obj, name)
-        if not math.isfinite(value):
-            raise ValueError(f"{group}.{name} must be a finite number, got {value}")
-
-
-def _positive(group: str, obj: Any, *names: str, zero_ok: bool = False) -> None:
-    """One-line errors for fields of ``obj`` that must be >= 1 (or >= 0 with ``zero_ok``)."""
-    low = 0 if zero_ok else 1
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None and value < low:
-            raise ValueError(f"{group}.{name} must be >= {low}, got {value}")
-
-
-@dataclass
-class DataConfig:
-    """The questions trained and evaluated on, and what they are searched in.
-
-    Attributes:
-        dataset: ``"synthetic"`` (the built-in world) or a FlashRAG jsonl / Search-R1 parquet path.
-        corpus: the passages a real dataset is searched in: a ``{id, title, text}`` jsonl.
-        retriever: ``bm25`` or ``dense`` (an encoder and faiss index over ``corpus``).
-        retrieval_url: search a retrieval server (``python -m search_env.server``) instead of indexing
-            ``corpus`` here: its URL, or the URLs of several replicas of it, comma-separated
-            (:class:`~search_env.sources.remote.RemoteSource` spreads the searches over them and skips
-            one that fails). Every rank of a data-parallel run, on every machine, searches the same
-            servers.
-        eval_dataset: held-out questions of a real dataset (default: its last ``eval.questions`` questions).
-        world_seed: seed of the synthetic world trained on.
-        world_size: questions of the synthetic world trained on.
-        world_max_hops: most lookups a synthetic question takes (1: single-hop questions only).
-        world_scale: entities of the synthetic worlds (trained on and held out), as a multiple of the
-            default world's: in a larger world names repeat less, so a small model cannot fit its
-            demonstrations by memorising names instead of copying them.
-        world_chain_only: only chain questions (1 to ``world_max_hops`` lookups); no comparison or yes/no
-            questions, which need reasoning over two results.
-        world_stem_tokens: the invented words of names take exactly this many tokens of the built-in
-            tokenizer (``None``: any number). Names a small model copies more exactly.
-        eval_world_seed: seed of the held-out synthetic world (names are new, so the policy must search).
-        eval_new_words: the held-out world uses none of the trained world's invented words (worlds of
-            few-token words otherwise share some).
-        bm25_stemmer: ``None`` or ``"light"``: strip one plural or past-tense ending before indexing and
-            searching the synthetic world, so that a question's verb finds the passage stating the fact.
-    """
-
-    dataset: str = "synthetic"
-    corpus: str | None = None
-    retriever: str = "bm25"
-    retrieval_url: str | None = None
-    eval_dataset: str | None = None
-    world_seed: int = 0
-    world_size: int = 1000
-    world_max_hops: int = 2
-    world_scale: int = 1
-    world_chain_only: bool = False
-    world_stem_tokens: int | None = None
-    eval_world_seed: int = 1
-    eval_new_words: bool = False
-    bm25_stemmer: str | None = None
-
-    def __post_init__(self) -> None:
-        _positive("data", self, "world_size", "world_max_hops", "world_scale", "world_stem_tokens")
-        if self.retriever not in ("bm25", "dense"):
-            raise ValueError(f"unknown data.retriever {self.retriever!r}; known: bm25, dense")
-        if self.bm25_stemmer not in (None, "light"):
-            raise ValueError(f"unknown data.bm25_stemmer {self.bm25_stemmer!r}; known: light (or null: none)")
-        synthetic = self.dataset == "synthetic"
-        if synthetic and self.corpus is not None:
-            raise ValueError("data.corpus is for a real data.dataset; the synthetic world brings its own passages")
-        if synthetic and self.eval_dataset is not None:
-            raise ValueError("data.eval_dataset needs a real data.dataset (held-out synthetic questions come from data.eval_world_seed)")
-        if synthetic and self.retrieval_url is not None:
-            raise ValueError("data.retrieval_url is for a real data.dataset; the synthetic world searches its own passages")
-        if not synthetic and self.corpus is None and self.retrieval_url is None:
-            raise ValueError(f"data.dataset {self.dataset!r} needs data.corpus (the passages to search, a {{id, title, text}} "
-                             "jsonl) or data.retrieval_url (a retrieval server searching them)")
-        if self.corpus is not None and self.retrieval_url is not None:
-            raise ValueError("give data.corpus (indexed here) or data.retrieval_url (searched on a server), not both")
-        if self.retrieval_url is not None and not all(u.strip() for u in self.retrieval_url.split(",")):
-            raise ValueError(f"data.retrieval_url has an empty URL: {self.retrieval_url!r}")
-
-
-@dataclass
-class EnvConfig:
-    """The environment every episode runs in (training and held-out alike).
-
-    Attributes:
-        protocol: the tag dialect, prompt and default reward (a registered protocol's name).
-        reward: a reward preset overriding the protocol's.
-        reward_stages: ``[start_step, preset]`` pairs (R1-Searcher's two stages) that follow the trainer's step.
-        evidence_model: the answer model of R-Search's evidence reward: ``"smollm2"`` or a local
-            transformers folder, of another family than the policy as in R-Search; ``None``: the evidence
-            F1 is skipped (scored 0).
-        max_new_tokens: agent tokens per episode.
-        max_context: tokens per episode, prompt and results included.
-        max_turns: searches per episode (``None``: the protocol's).
-        top_k: passages per search (``None``: the protocol's).
-    """
-
-    protocol: str = "search-r1"
-    reward: str | None = None
-    reward_stages: list[list] | None = None
-    evidence_model: str | None = None
-    max_new_tokens: int = 256
-    max_context: int = 2048
-    max_turns: int | None = None
-    top_k: int | None = None
-
-    def __post_init__(self) -> None:
-        _positive("env", self, "max_new_tokens", "max_context", "max_turns", "top_k")
-        if self.reward is not None and self.reward_stages is not None:
-            raise ValueError("give env.reward or env.reward_stages, not both")
-        if self.reward_stages is not None:
-            try:
-                self.reward_stages = [[int(start), str(preset)] for start, preset in self.reward_stages]
-            except (TypeError, ValueError):
-                raise ValueError(f"env.reward_stages must be [start_step, preset] pairs, got {self.reward_stages!r}") from None
 
 
 @dataclass
@@ -191,8 +63,8 @@ class RolloutConfig:
     engine: str = "hf"
 
     def __post_init__(self) -> None:
-        _positive("rollout", self, "questions_per_step")
-        _finite("rollout", self, "temperature", "top_p")
+        check_positive("rollout", self, "questions_per_step")
+        check_finite("rollout", self, "temperature", "top_p")
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -239,9 +111,9 @@ class OptimConfig:
     max_skipped_updates: int = field(default=3, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
-        _positive("optim", self, "update_epochs", "max_skipped_updates")
-        _finite("optim", self, "learning_rate", "weight_decay", "max_grad_norm")
-        _positive("optim", self, "mini_batch_size", "micro_batch_size", zero_ok=True)
+        check_positive("optim", self, "update_epochs", "max_skipped_updates")
+        check_finite("optim", self, "learning_rate", "weight_decay", "max_grad_norm")
+        check_positive("optim", self, "mini_batch_size", "micro_batch_size", zero_ok=True)
         if not self.learning_rate > 0:
             raise ValueError(f"optim.learning_rate must be > 0, got {self.learning_rate}")
         if self.weight_decay < 0 or self.max_grad_norm < 0:
@@ -283,9 +155,9 @@ class WarmStartConfig:
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
-        _positive("warm_start", self, "steps", "copy_steps", "save_every", zero_ok=True)
-        _positive("warm_start", self, "examples", "batch_size", "num_threads")
-        _finite("warm_start", self, "learning_rate")
+        check_positive("warm_start", self, "steps", "copy_steps", "save_every", zero_ok=True)
+        check_positive("warm_start", self, "examples", "batch_size", "num_threads")
+        check_finite("warm_start", self, "learning_rate")
         if not self.learning_rate > 0:
             raise ValueError(f"warm_start.learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.second_hop_rate <= 1:
@@ -312,7 +184,7 @@ class EvalConfig:
     periodic_sampled: bool = field(default=True, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
-        _positive("eval", self, "every", "questions", zero_ok=True)
+        check_positive("eval", self, "every", "questions", zero_ok=True)
 
 
 @dataclass
@@ -391,9 +263,9 @@ class RunConfig:
     allow_changes: list[str] = field(default_factory=list, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
-        _positive("run", self, "steps", "num_threads", "log_every", "stop_after")
-        _positive("run", self, "save_every", "print_every", "sample_every", zero_ok=True)
-        _finite("run", self, "warn_failed_searches")
+        check_positive("run", self, "steps", "num_threads", "log_every", "stop_after")
+        check_positive("run", self, "save_every", "print_every", "sample_every", zero_ok=True)
+        check_finite("run", self, "warn_failed_searches")
         if not 0 <= self.warn_failed_searches <= 1:
             raise ValueError(f"run.warn_failed_searches must be in [0, 1], got {self.warn_failed_searches}")
         if self.resume and self.overwrite:

@@ -37,7 +37,7 @@ class JsonLinesLogger(Callback):
             handle.writelines(json.dumps(record) + "\n" for record in kept)
 
     def on_log(self, trainer: Trainer, step: int, record: Mapping[str, Any]) -> None:
-        line = {"step": int(step), **{k: _plain(v) for k, v in record.items()}}
+        line = {"step": int(step), **{k: _json_number(v) for k, v in record.items()}}
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
 
@@ -92,7 +92,7 @@ def _numbers(record: Mapping[str, Any]) -> dict[str, float]:
     """The record's finite numbers (booleans and text left out)."""
     out = {}
     for key, value in record.items():
-        value = _plain(value)
+        value = _json_number(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = value
     return out
@@ -144,7 +144,7 @@ def _series(axis: Any, records: list[Mapping[str, Any]], key: str, label: str, *
         axis.plot(steps, values, label=label, **style)
 
 
-def _plain(value: Any) -> Any:
+def _json_number(value: Any) -> Any:
     """JSON-able numbers: tensors and NumPy scalars become floats, NaN and infinities become None."""
     if hasattr(value, "item"):
         value = value.item()

@@ -34,7 +34,7 @@ def _cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[-tail:]}"
 
 
-def _plain(value: Any) -> Any:
+def _component_as_json(value: Any) -> Any:
     """A JSON-able reward component: numbers, text, booleans and None as they are, anything else as text."""
     if value is None or isinstance(value, (str, bool)):
         return value
@@ -52,7 +52,7 @@ def episode_record(step: int, trajectory: Trajectory) -> dict[str, Any]:
         "text": _cut(trajectory.response_text),
         "answer": predicted_answer(trajectory),
         "reward": float(trajectory.reward),
-        "reward_components": {k: _plain(v) for k, v in trajectory.reward_components.items()},
+        "reward_components": {k: _component_as_json(v) for k, v in trajectory.reward_components.items()},
         "end_reason": trajectory.end_reason,
         "searches": [{"query": call.content, **({"error": call.error} if call.error else {})}
                      for call in trajectory.tool_calls],
