@@ -19,7 +19,7 @@ from search_env.tokenization import TokenCodec
 from search_env.trajectory import ENVIRONMENT, Trajectory
 from search_env.types import Info
 
-__all__ = ["TextEpisode", "TextStep", "chunk_end", "shared_env", "example_from"]
+__all__ = ["TextEpisode", "TextStep", "chunk_end", "shared_env", "episode_env", "example_from"]
 
 #: Environments built by :func:`shared_env`, one per distinct setting (building the synthetic world and its
 #: BM25 indexes takes seconds; an episode's own environment then takes a millisecond).

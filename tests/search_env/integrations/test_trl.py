@@ -143,6 +143,7 @@ def test_grpo_trainer_trains_on_the_environments_rewards_with_the_models_logprob
     seen = []  # per rollout: the rewards TRL was given, the environment's rewards, and the rollout itself
 
     def recorded(prompts, completions, episode_reward, **kwargs):
+        assert len(prompts) == 4 and len(set(prompts)) == 2  # TRL's sampler repeats each question per generation
         rewards = environment_reward(prompts, completions, episode_reward)
         seen.append((rewards, [e.trajectory.reward for e in rollout.env_for(len(prompts)).envs],
                      [e.trajectory for e in rollout.env_for(len(prompts)).envs]))
