@@ -34,6 +34,9 @@ __all__ = ["SearchQASkyRLEnv", "register", "ENV_ID"]
 
 #: The id :func:`register` gives the environment in SkyRL-gym's registry (``environment.env_class``).
 ENV_ID = "searchqa"
+#: SkyRL's turn cap when the protocol sets no search budget: SkyRL needs a finite one, and the token
+#: budget ends an episode long before this many searches.
+UNLIMITED_SEARCHES_CAP = 64
 
 
 def _settings(env_config: Any) -> dict[str, Any]:
@@ -70,7 +73,7 @@ class SearchQASkyRLEnv(BaseTextEnv):
             raise ValueError("the row has no extra_info.question (the question the episode asks)")
         self.example = example_from(str(info["question"]), spec["ground_truth"], info.get("id"))
         budget = self.episode.env.max_turns
-        self.max_turns = int(extras.get("max_turns", (budget if budget is not None else 64) + 1))
+        self.max_turns = int(extras.get("max_turns", (budget if budget is not None else UNLIMITED_SEARCHES_CAP) + 1))
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Start the episode; returns the protocol's messages for the question (the row's prompt, when it was
