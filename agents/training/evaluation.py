@@ -16,6 +16,7 @@ import numpy as np
 
 from agents.rollout.agent import RolloutAgent
 from agents.rollout.collect import collect_rollouts
+from agents.training.health import search_failures
 from rewards.extraction import boxed_answer
 from rewards.metrics import exact_match, f1_score
 from search_env import BatchSearchQAEnv
@@ -38,6 +39,8 @@ class EvalResult:
         searches: search calls per episode.
         response_tokens: agent tokens per episode.
         episodes: how many episodes the means are over.
+        failed_searches: search calls per episode that failed or timed out (an error observation instead
+            of passages): an EM read beside ``searches`` alone would hide a retriever that was down.
     """
 
     em: float
@@ -46,10 +49,14 @@ class EvalResult:
     searches: float
     response_tokens: float
     episodes: int
+    failed_searches: float
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:
-        """The fields as ``{prefix + name: value}`` (for logs)."""
-        return {prefix + name: float(value) for name, value in asdict(self).items()}
+        """The fields as ``{prefix + name: value}`` (for logs); failed searches under ``searches/failed``,
+        the key of a training step's metrics, so a step's line and an evaluation's read alike."""
+        names = {"failed_searches": "searches/failed"}
+        return {prefix + names.get(name, name): float(value) for name, value in asdict(self).items()}
+
 
 
 def predicted_answer(trajectory: Trajectory) -> str:
@@ -67,7 +74,7 @@ def predicted_answer(trajectory: Trajectory) -> str:
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> EvalResult:
-    """EM, F1, reward, searches and agent tokens averaged over ``trajectories``."""
+    """EM, F1, reward, searches, agent tokens and failed searches averaged over ``trajectories``."""
     if not trajectories:
         raise ValueError("no episodes to summarize")
     answers = [predicted_answer(t) for t in trajectories]
@@ -78,6 +85,7 @@ def summarize(trajectories: Sequence[Trajectory]) -> EvalResult:
         searches=float(np.mean([len(t.tool_calls) for t in trajectories])),
         response_tokens=float(np.mean([int(t.agent_mask.sum()) for t in trajectories])),
         episodes=len(trajectories),
+        failed_searches=search_failures(trajectories)["searches/failed"],
     )
 
 
@@ -113,12 +121,14 @@ def questions_by_hops(examples: Sequence[QAExample], questions: Sequence[int | Q
 
 
 def format_table(results: Mapping[str, Mapping[str, EvalResult]]) -> str:
-    """A plain-text table: one row per (stage, decoding), e.g. ``{"before": {"greedy": r, "sampled": r}}``."""
-    header = ("stage", "decoding", "EM", "F1", "reward", "searches", "tokens", "episodes")
+    """A plain-text table: one row per (stage, decoding), e.g. ``{"before": {"greedy": r, "sampled": r}}``; a row
+    whose searches failed says so after its EM (:attr:`EvalResult.em_note`)."""
+    header = ("stage", "decoding", "EM", "F1", "reward", "searches", "failed", "tokens", "episodes")
     rows: list[tuple[Any, ...]] = []
     for stage, by_mode in results.items():
         for mode, r in by_mode.items():
-            rows.append((stage, mode, f"{r.em:.3f}", f"{r.f1:.3f}", f"{r.reward:.3f}", f"{r.searches:.2f}",
+            em = f"{r.em:.3f} (searches failed)" if r.failed_searches > 0 else f"{r.em:.3f}"
+            rows.append((stage, mode, em, f"{r.f1:.3f}", f"{r.reward:.3f}", f"{r.searches:.2f}", f"{r.failed_searches:.2f}",
                          f"{r.response_tokens:.1f}", str(r.episodes)))
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]

@@ -57,6 +57,11 @@ class TrainResult:
                             if self.skipped_updates else ""))
         if self.evaluations:
             lines += ["", format_table(self.evaluations), ""]
+            failed = [f"{stage} {mode}" for stage, by_mode in self.evaluations.items() for mode, r in by_mode.items()
+                      if r.failed_searches > 0]
+            if failed:
+                lines += [f"searches failed in the evaluation ({', '.join(failed)}): those EMs count answers given "
+                          "without the passages asked for; check the retriever", ""]
         lines += [f"curve:       {self.curve_path}", f"metrics:     {self.metrics_path}",
                   f"checkpoint:  {self.checkpoint_path}", f"policy:      {self.policy_dir}"]
         return "\n".join(lines)

@@ -25,8 +25,9 @@ __all__ = ["CHECKPOINT_FORMAT", "RunState", "START_PARTS", "check_format"]
 
 #: The parts of a run's start, in order.
 START_PARTS = ("start", "warm start", "warm start evaluation")
-#: The layout of the trainer's state in a run's checkpoint (3: :class:`RunState`'s fields, each always there).
-CHECKPOINT_FORMAT = 3
+#: The layout of the trainer's state in a run's checkpoint (3: :class:`RunState`'s fields, each always there; 4: its
+#: evaluations count failed searches).
+CHECKPOINT_FORMAT = 4
 
 
 def check_format(state: Mapping[str, Any]) -> None:

@@ -121,14 +121,21 @@ class DownSource(Source):
 
 
 def trainer_on_down_source(config: TrainConfig, timeout: bool = False) -> Trainer:
-    """The run's trainer with a scripted agent that searches once per episode, on sources that fail."""
-    (examples, sources), _ = split_data(config)
+    """The run's trainer with a scripted agent that searches once per episode, on sources that fail (its
+    held-out evaluation too, with ``eval.questions``)."""
+    (examples, sources), held_out = split_data(config)
     built = build_trainer(config)
     built.close_environments()
-    env = BatchSearchQAEnv(built.env.num_envs, dataset=examples,
-                           sources={name: DownSource(name, timeout) for name in sources},
-                           **env_options(config, built.policy.codec))
-    return Trainer(config, built.policy, env, built.algorithm, built.backend, engine=ScriptedEngine(RetrieveThenAnswerAgent))
+    options = env_options(config, built.policy.codec)
+    env = BatchSearchQAEnv(built.env.num_envs, dataset=examples, sources={name: DownSource(name, timeout) for name in sources},
+                           **options)
+    eval_env, eval_questions = None, []
+    if held_out is not None:
+        eval_env = BatchSearchQAEnv(built.env.num_envs, dataset=held_out[0],
+                                    sources={name: DownSource(name, timeout) for name in held_out[1]}, **options)
+        eval_questions = list(range(min(config.eval.questions, len(held_out[0]))))
+    return Trainer(config, built.policy, env, built.algorithm, built.backend, engine=ScriptedEngine(RetrieveThenAnswerAgent),
+                   eval_env=eval_env, eval_questions=eval_questions)
 
 
 @pytest.mark.parametrize("timeout", [False, True])
@@ -147,6 +154,24 @@ def test_failed_searches_are_logged_and_warned(tmp_path, capsys, timeout):
     warned = warnings_in(capsys.readouterr().err)  # once, not at every step
     assert len(warned) == 1 and warned[0].startswith("warning: step 1: 100% of the searches failed")
     assert f"({100 if timeout else 0}% of those timed out)" in warned[0]
+
+
+def test_failed_searches_are_counted_in_every_evaluation_and_said_beside_the_final_em(tmp_path):
+    config = small_config("grpo", tmp_path, {"run.steps": 2, "eval.questions": 2, "eval.every": 1, "env.max_new_tokens": 200})
+    trainer = trainer_on_down_source(config)
+    try:
+        result = trainer.train()
+    finally:
+        trainer.close_environments()
+        if trainer.eval_env is not None:
+            trainer.eval_env.close()
+    evaluations = [r for r in records(tmp_path / "metrics.jsonl") if "eval/greedy/searches" in r]
+    assert [r.get("stage") for r in evaluations] == ["start", None, "final"]  # start, periodic, final
+    assert all(r["eval/greedy/searches/failed"] == r["eval/greedy/searches"] == 1.0 for r in evaluations)
+    assert all(by_mode["greedy"].failed_searches == 1.0 for by_mode in result.evaluations.values())
+    final = [line for line in result.report().splitlines() if line.startswith("final")]
+    assert final and all("(searches failed)" in line for line in final), result.report()
+    assert "searches failed in the evaluation (start greedy, start sampled, final greedy, final sampled)" in result.report()
 
 
 def test_searches_that_work_are_not_failures(tmp_path, capsys):

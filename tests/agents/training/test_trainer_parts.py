@@ -3,6 +3,7 @@ checkpoints and random-state capture, the run logger, episode metrics, and the q
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import random
@@ -240,12 +241,13 @@ def test_json_lines_logger_cuts_steps_after_the_resumed_checkpoint(tmp_path):
 
 
 # -- episode metrics ------------------------------------------------------------------------------
-def episode(answer, golden, *, reward=0.0, searches=0, agent_tokens=2, components=None) -> Trajectory:
+def episode(answer, golden, *, reward=0.0, searches=0, agent_tokens=2, components=None, failed=0) -> Trajectory:
     producers = bytearray([ENVIRONMENT] * 3 + [AGENT] * agent_tokens)
     return Trajectory(
         question="q", golden_answers=golden, protocol="search-r1", example_id="e", prompt_length=3,
         token_ids=list(range(len(producers))), producers=producers, trained=bytearray(producers),
-        tool_calls=[ToolCall(turn=i, kind="query", content="x", sources=["all"], k=3) for i in range(searches)],
+        tool_calls=[ToolCall(turn=i, kind="query", content="x", sources=["all"], k=3,
+                             error="SourceError: down" if i < failed else None) for i in range(searches)],
         answer=answer, reward=reward, reward_components=components or {},
     )
 
@@ -254,12 +256,13 @@ def test_summary_of_hand_made_episodes():
     episodes = [
         episode("Paris", ["paris"], reward=1.0, searches=1, agent_tokens=4),
         # "the" is dropped by SQuAD normalisation: 2 of 2 predicted tokens in a 3-token gold -> F1 0.8
-        episode("the big city", ["big apple city"], reward=0.0, searches=3, agent_tokens=8),
+        episode("the big city", ["big apple city"], reward=0.0, searches=3, agent_tokens=8, failed=2),
         episode(None, ["x"], reward=0.5, searches=2, agent_tokens=6),
     ]
     summary = summarize(episodes)
     assert summary == EvalResult(em=pytest.approx(1 / 3), f1=pytest.approx(1.8 / 3), reward=pytest.approx(0.5),
-                                 searches=2.0, response_tokens=6.0, episodes=3)
+                                 searches=2.0, response_tokens=6.0, episodes=3, failed_searches=pytest.approx(2 / 3))
+    assert summary.as_dict("eval/greedy/")["eval/greedy/searches/failed"] == pytest.approx(2 / 3)
 
 
 def test_predicted_answer_is_what_the_reward_read():
@@ -278,12 +281,15 @@ def test_reward_component_means_skip_text_and_missing_parts():
 
 
 def test_table_has_a_row_per_stage_and_decoding():
-    result = EvalResult(em=0.25, f1=0.5, reward=0.25, searches=1.5, response_tokens=20.0, episodes=8)
-    table = format_table({"start": {"greedy": result}, "final": {"greedy": result, "sampled": result}})
+    result = EvalResult(em=0.25, f1=0.5, reward=0.25, searches=1.5, response_tokens=20.0, episodes=8, failed_searches=0.0)
+    failing = dataclasses.replace(result, em=0.0, failed_searches=1.5)
+    table = format_table({"start": {"greedy": result}, "final": {"greedy": failing, "sampled": result}})
     lines = table.splitlines()
-    assert lines[0].split() == ["stage", "decoding", "EM", "F1", "reward", "searches", "tokens", "episodes"]
-    assert [line.split()[:3] for line in lines[2:]] == [["start", "greedy", "0.250"], ["final", "greedy", "0.250"],
+    assert lines[0].split() == ["stage", "decoding", "EM", "F1", "reward", "searches", "failed", "tokens", "episodes"]
+    assert [line.split()[:3] for line in lines[2:]] == [["start", "greedy", "0.250"], ["final", "greedy", "0.000"],
                                                       ["final", "sampled", "0.250"]]
+    assert "0.000 (searches failed)" in lines[3] and "failed" not in lines[2] + lines[4]
+    assert lines[3].split()[-3] == "1.50"  # the failed column
 
 
 # -- question order -------------------------------------------------------------------------------
