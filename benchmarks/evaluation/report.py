@@ -30,7 +30,8 @@ NOTES = {
 
 #: The metric columns: key, markdown header, decimals.
 COLUMNS = (("em", "EM", 3), ("f1", "F1", 3), ("cover_em", "cover-EM", 3), ("judge", "judge", 3), ("reward", "reward", 3),
-           ("searches", "searches", 2), ("agent_tokens", "agent tokens", 1), ("retrieved_tokens", "retrieved tokens", 1),
+           ("searches", "searches", 2), ("failed_searches", "failed searches", 2), ("agent_tokens", "agent tokens", 1),
+           ("retrieved_tokens", "retrieved tokens", 1),
            ("seconds", "s/question", 3), ("gold_recall", "gold recall", 3))
 
 #: The settings a row states, with what each depends on (the header block groups values by it).
@@ -114,7 +115,8 @@ def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation", no
     lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for r in rows:
         cells = [r["dataset"], r["protocol"], r["agent"], str(r["questions"]), str(r["seeds"])]
-        cells += [_number(r.get(key), decimals) for key, _, decimals in columns] + [_range_text(r.get("reward_range"))]
+        cells += [_number(r.get(key), decimals) + (" (searches failed)" if key == "em" and r.get("failed_searches") else "")
+                  for key, _, decimals in columns] + [_range_text(r.get("reward_range"))]
         lines.append("| " + " | ".join(cells) + " |")
     notes = _notes(rows) + [f"not played: {line}" for line in not_played]
     if notes:
@@ -169,14 +171,15 @@ def print_table(rows: Sequence[Mapping[str, Any]], data_line: str) -> None:
     width = max(22, *(len(r["agent"]) for r in rows))
     judged = any(r.get("judge") is not None for r in rows)
     header = (f"{'protocol':18s} {'agent':{width}s} {'reward':>7s} {'of range':>10s} {'EM':>6s} {'F1':>6s} {'searches':>8s} "
-              f"{'gold rec.':>9s} {'agent tok':>9s} {'ret. tok':>8s} {'cover-EM':>8s}" + (f" {'judge':>6s}" if judged else "")
+              f"{'failed':>6s} {'gold rec.':>9s} {'agent tok':>9s} {'ret. tok':>8s} {'cover-EM':>8s}" + (f" {'judge':>6s}" if judged else "")
               + f" {'s/q':>7s}")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['protocol']:18s} {r['agent']:{width}s} {_number(r['reward'], 3):>7s} {_range_text(r['reward_range']):>10s} "
               f"{_number(r['em'], 3):>6s} {_number(r['f1'], 3):>6s} {_number(r['searches'], 2):>8s} "
-              f"{_number(r['gold_recall'], 3):>9s} {_number(r['agent_tokens'], 1):>9s} {_number(r['retrieved_tokens'], 1):>8s} "
+              f"{_number(r['failed_searches'], 2):>6s} {_number(r['gold_recall'], 3):>9s} {_number(r['agent_tokens'], 1):>9s} "
+              f"{_number(r['retrieved_tokens'], 1):>8s} "
               f"{_number(r['cover_em'], 3):>8s}" + (f" {_number(r.get('judge'), 3):>6s}" if judged else "")
               + f" {_number(r['seconds'], 3):>7s}")
     print(f"({data_line})")
@@ -185,15 +188,24 @@ def print_table(rows: Sequence[Mapping[str, Any]], data_line: str) -> None:
 def print_legend(rows: Sequence[Mapping[str, Any]]) -> None:
     """What the terminal table's columns mean, and the notes on reward parts that could not count."""
     print("reward: the protocol's reward preset, which spans the range beside it at its default options ('?': it declares none); "
-          "EM/F1/cover-EM: the extracted answer against the golds (cover-EM: a gold is a substring of it); gold rec.: gold "
+          "EM/F1/cover-EM: the extracted answer against the golds (cover-EM: a gold is a substring of it); failed: searches "
+          "per question that failed or timed out; gold rec.: gold "
           "passages among those retrieved; tok: per question; s/q: seconds per question")
     for line in _notes(rows):
         print(f"note: {line}")
 
 
 def _notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The reward parts that could not count, then the rows whose searches failed (their EM is the
+    retriever's as much as the agent's)."""
     by_note: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         for key in r.get("notes", ()):
             by_note.setdefault((r["preset"], key), []).append(r["agent"])
-    return [f"{preset}: {NOTES[key]} ({', '.join(dict.fromkeys(agents))})" for (preset, key), agents in sorted(by_note.items())]
+    notes = [f"{preset}: {NOTES[key]} ({', '.join(dict.fromkeys(agents))})" for (preset, key), agents in sorted(by_note.items())]
+    failed = [r for r in rows if r.get("failed_searches")]
+    if failed:
+        notes.append("searches failed, so these EMs count answers given without passages: " + "; ".join(
+            f"{r['agent']} on {r['dataset']} under {r['protocol']} (EM {_number(r['em'], 3)}, "
+            f"{_number(r['failed_searches'], 2)} of {_number(r['searches'], 2)} searches per question failed)" for r in failed))
+    return notes

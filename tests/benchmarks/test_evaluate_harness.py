@@ -325,3 +325,48 @@ def test_bad_arguments_are_refused_in_one_line(argv: list[str], message: str, re
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err.strip().splitlines()[-1]
+
+
+# --- a retriever that is down ----------------------------------------------------------------------
+
+
+class _DownRetriever(BaseHTTPRequestHandler):
+    """A retrieval server that refuses every search."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers["Content-Length"]))
+        data = b'{"detail": "index not loaded"}'
+        self.send_response(400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_failed_searches_are_counted_in_every_table_and_said_beside_the_em(
+        real_format: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    questions, _ = real_format
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _DownRetriever)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    out = tmp_path / "run"
+    try:
+        table = main(["--dataset", str(questions), "--retrieval-url", f"http://127.0.0.1:{httpd.server_address[1]}",
+                      "--protocols", "search-r1", "--agents", "retrieve-then-answer", "--output-dir", str(out)])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    (row,) = table
+    assert row["searches"] == row["failed_searches"] == 1.0 and row["em"] == 0.0
+    assert all(e["metrics"]["failed_searches"] == 1.0 for e in _episodes(out))
+    printed = capsys.readouterr().out
+    header, _, line = printed.splitlines()[:3]
+    assert line.split()[header.split().index("failed")] == "1.00"
+    assert ("note: searches failed, so these EMs count answers given without passages: retrieve-then-answer on "
+            f"{questions} under search-r1 (EM 0.000, 1.00 of 1.00 searches per question failed)") in printed
+    markdown = (out / "results.md").read_text(encoding="utf-8")
+    assert "| 0.000 (searches failed) |" in markdown and "failed searches" in markdown
+    assert _csv(out / "results.csv")[0]["failed_searches"] == "1.0"
