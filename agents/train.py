@@ -13,7 +13,8 @@ can be named. Parsing is jsonargparse's.
 
 Bad input - an unknown algorithm or flag (with the nearest known flag), a bad value, a missing model,
 dataset or corpus file, a tokenizer of another model, a device this machine lacks, an output folder that
-is not writable or already holds a run (without ``--run.resume`` or ``--run.overwrite``) - ends the
+is not writable, already holds a run (without ``--run.resume`` or ``--run.overwrite``) or is in use by a
+run still going (:mod:`agents.training.run_lock`) - ends the
 program with one ``error:`` line and exit status 2. ``--help``, flag, device and output-folder errors
 answer before transformers (or any model) is loaded. A run that fails while it trains - diverged
 (:class:`~agents.training.health.TrainingFailed`: too many updates in a row skipped for a non-finite
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -157,12 +159,16 @@ def _with_suggestion(message: str, parser: Any) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line (see the module docstring); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    lock = None
     try:
         config = parse_config(argv)
         from agents.training.run_checks import check_device, check_output_dir
+        from agents.training.run_lock import lock_run_folder
 
         check_device(config.run.device)
         check_output_dir(config.run)
+        if os.environ.get("RANK", "0") == "0":  # one run in the folder at a time (a launcher's rank 0 holds it)
+            lock = lock_run_folder(config.run.output_dir)
         from search_env.console import progress_enabled
 
         if not progress_enabled(config.run.progress):
@@ -174,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = build_trainer(config)
     except (ValueError, KeyError, OSError, ImportError) as exc:  # bad input; anything else is a bug: traceback
         print(f"error: {_error_text(exc)}", file=sys.stderr)
+        if lock is not None:
+            lock.release()
         return 2
     from agents.training.health import TrainingFailed
 
@@ -184,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         trainer.close_environments()
+        if lock is not None:
+            lock.release()
     if trainer.backend.rank == 0:  # with several data-parallel ranks, one report
         print(result.report())
     return 0

@@ -22,12 +22,14 @@ config is built, so a bad recipe or flag fails with one line before any model is
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from agents.learners.config import AlgorithmConfig, check_warmup
 from agents.policies.config import ModelConfig
 from agents.training.config_fields import RESUME_FREE, check_finite, check_positive
+from agents.training.run_files import POLICY_DIR
 from agents.training.task_config import DataConfig, EnvConfig
 
 __all__ = [
@@ -430,3 +432,12 @@ class TrainConfig:
             if getattr(algorithm, "critic", None) == "separate":
                 raise ValueError("model.lora_rank with PPO's separate critic would copy the whole model for it: "
                                  "use --algorithm.critic head")
+            if _same_path(self.model.name, os.path.join(self.run.output_dir, POLICY_DIR)):  # the export would replace the base
+                raise ValueError(f"model.name {self.model.name!r} is this run's own policy/ folder, which its export "
+                                 "replaces, and a LoRA run loads its base from model.name again on resume: copy the "
+                                 "base elsewhere, or give another --run.output_dir")
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two folder names lead to the same place (``~`` expanded, relative to the working folder)."""
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))

@@ -4,7 +4,10 @@ Biases (:class:`WandbLogger`), the last two as ``run.report_to`` says.
 
 The JSON-lines file is the record every other view is drawn from: the curve is plotted from it (so a
 resumed run's curve includes the steps before the resume), and on resume it is cut back to the
-checkpoint's step, so steps that ran after the last checkpoint and are run again appear once.
+checkpoint's step, so steps that ran after the last checkpoint and are run again appear once. That cut
+writes the kept records beside the log and renames them over it (:func:`search_env.files.write_atomically`),
+so a kill at that moment leaves the old log whole; records are then appended one line at a time, and a
+line torn by a kill is dropped at the next resume (:func:`agents.training.resume.drop_torn_tail`).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from agents.training.callbacks import Callback
 from agents.training.run_files import RunFiles
 from search_env._optional import requires_extra
+from search_env.files import write_atomically
 
 if TYPE_CHECKING:
     from agents.training.result import TrainResult
@@ -33,8 +37,8 @@ class JsonLinesLogger(Callback):
         self.metrics_path, self.curve_path = files.metrics, files.curve
         files.root.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.metrics_path) if r["step"] <= trainer.step] if trainer.resumed else []
-        with open(self.metrics_path, "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in kept)
+        # Replaced whole or not at all: a kill while a resume cuts the log back leaves the old log, never a part.
+        write_atomically(self.metrics_path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def on_log(self, trainer: Trainer, step: int, record: Mapping[str, Any]) -> None:
         line = {"step": int(step), **{k: _json_number(v) for k, v in record.items()}}

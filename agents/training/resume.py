@@ -9,8 +9,9 @@ backend's folder (:mod:`agents.training.checkpoint` checks every file's length a
    through when ``run.allow_changes`` names it (a ``group.field``, a whole ``group``, or ``all``). The
    backend takes its optimiser settings from the new config, so a changed learning rate takes effect;
 2. :func:`record_resume` appends the changes to ``resume_log.jsonl`` in the run's folder, rewrites
-   ``config.json`` to the settings the run now has, and drops a torn last line of ``metrics.jsonl``
-   (a kill mid-write, :func:`drop_torn_tail`), saying so in one line on stderr.
+   ``config.json`` to the settings the run now has, and drops a torn last line of ``metrics.jsonl`` and
+   ``samples.jsonl`` (a kill mid-write, :func:`drop_torn_tail`), saying so in one line on stderr. The
+   loggers then cut both back to the checkpoint's step, replacing each file atomically.
 
 Free settings change how a run is watched, paced and stored, never what a step computes; each is
 declared at its field with ``metadata=RESUME_FREE`` (``{"resume_free": True}``) in its group's class, an
@@ -89,7 +90,7 @@ def check_settings(config: TrainConfig, saved: Mapping[str, Any], source: str) -
 def record_resume(files: RunFiles, step: int, config: TrainConfig, changes: Mapping[str, tuple[Any, Any]]) -> None:
     """What a resume at ``step`` leaves in the run's folder: its ``changes`` (those of
     :func:`check_settings`, if any) appended to ``resume_log.jsonl`` with ``config.json`` rewritten to the
-    settings the run goes on with, and ``metrics.jsonl`` without a torn last line."""
+    settings the run goes on with, and ``metrics.jsonl`` and ``samples.jsonl`` without a torn last line."""
     if changes:
         free, allowed = free_settings(config), config.run.allow_changes
         record = {"step": step, "changes": {key: [old, new] for key, (old, new) in changes.items()},
@@ -98,7 +99,8 @@ def record_resume(files: RunFiles, step: int, config: TrainConfig, changes: Mapp
         with open(files.resume_log, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         write_atomically(files.config, json.dumps(config.as_dict(), indent=2) + "\n")
-    drop_torn_tail(files.metrics)
+    for log in (files.metrics, files.samples):
+        drop_torn_tail(log)
 
 
 def drop_torn_tail(path: str | os.PathLike[str]) -> int:

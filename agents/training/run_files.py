@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "CHECKPOINTS_DIR", "CHECKPOINT_FILE", "CONFIG_FILE", "CURVE_FILE", "METRICS_FILE", "POLICY_DIR", "REPLACED_BY_NEW_RUN",
+    "CHECKPOINTS_DIR", "CHECKPOINT_FILE", "CONFIG_FILE", "CURVE_FILE", "LOCK_FILE", "METRICS_FILE", "POLICY_DIR", "REPLACED_BY_NEW_RUN",
     "RESUME_LOG", "RUN_MARKERS", "RunFiles", "SAMPLES_FILE", "TENSORBOARD_DIR", "WANDB_DIR",
 ]
 
@@ -29,11 +29,15 @@ WANDB_DIR = "wandb"  #: Weights & Biases' offline run (``run.report_to: wandb``)
 
 #: Files whose presence says a folder holds a run.
 RUN_MARKERS = (METRICS_FILE, CHECKPOINT_FILE)
-#: What ``run.overwrite`` removes of an earlier run before a new one starts. The rest is rewritten by
-#: the new run (its config, curve, policy); the folders of old checkpoints are left to the checkpoint's
-#: own clean-up. TensorBoard's events would mix two runs' curves; the checkpoint would let a later
-#: ``run.resume`` continue the old run.
-REPLACED_BY_NEW_RUN = (CHECKPOINT_FILE, METRICS_FILE, SAMPLES_FILE, CURVE_FILE, TENSORBOARD_DIR)
+LOCK_FILE = "run.lock"  #: locked (``flock``) by the process that runs in the folder, for the run's life
+
+#: What ``run.overwrite`` removes of an earlier run before a new one starts: every file an earlier run
+#: leaves, so that the folder holds the new run only, even when the new run dies before it rewrites
+#: them. An old ``policy/`` would pass for the new run's result, an old ``checkpoints/step-N/`` or
+#: ``checkpoint.pt`` would let a later ``run.resume`` continue the old run, TensorBoard's events would
+#: mix two runs' curves. The lock file stays: the new run holds it.
+REPLACED_BY_NEW_RUN = (CHECKPOINT_FILE, CHECKPOINTS_DIR, METRICS_FILE, SAMPLES_FILE, CURVE_FILE, CONFIG_FILE, POLICY_DIR,
+                       RESUME_LOG, TENSORBOARD_DIR, WANDB_DIR)
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,7 @@ class RunFiles:
     @property
     def wandb(self) -> Path:
         return self.root / WANDB_DIR
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE

@@ -4,7 +4,7 @@ folder, so that a researcher reads what the policy writes (metrics say how well,
 One JSON object per episode: the step, the question and its gold answers, the episode's text after the
 prompt (the agent's turns and the results or errors it saw, cut in the middle when long), the answer
 the reward read, the reward and its components, why the episode ended, and its searches (query and
-error, if any). On resume the file is cut back to the checkpoint's step, as ``metrics.jsonl`` is.
+error, if any). On resume the file is cut back to the checkpoint's step, as ``metrics.jsonl`` is, and replaced atomically.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from agents.training.callbacks import Callback
 from agents.training.evaluation import predicted_answer
+from search_env.files import write_atomically
 
 if TYPE_CHECKING:
     from agents.training.trainer import Trainer
@@ -74,7 +75,7 @@ class SampleLogger(Callback):
             return
         kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line)["step"] <= trainer.step]
-        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        write_atomically(self.path, "".join(line + "\n" for line in kept))  # the old file whole until replaced
 
     def on_rollout(self, trainer: Trainer, trajectories: Sequence[Trajectory]) -> None:
         step = trainer.step + 1  # the step this rollout belongs to (counted once its update is done)

@@ -61,6 +61,7 @@ from agents.training.result import TrainResult
 from agents.training.resume import check_settings, record_resume
 from agents.training.run_checks import prepare_output
 from agents.training.run_files import RunFiles
+from agents.training.run_lock import RunLock, lock_run_folder
 from agents.training.run_stages import run_final, run_start
 from agents.training.run_state import RunState, check_format
 from agents.training.samples import SampleLogger
@@ -130,6 +131,7 @@ class Trainer:
         #: Compute the policy's entropy in updates to log it, even when the loss does not use it.
         self.log_entropy = config.run.log_entropy
         self._worker: EnvWorker | None = None
+        self._lock: RunLock | None = None  # rank 0's hold on the run's folder while it trains
         self._trailing_skips = 0  # optimiser updates skipped after the last step's last applied one
         if config.run.resume:
             self.load()
@@ -164,6 +166,7 @@ class Trainer:
     def _train(self) -> TrainResult:
         run = self.config.run
         if self.backend.rank == 0:
+            self._lock = lock_run_folder(self.files.root)  # one run in the folder at a time; let go in close()
             prepare_output(self.config, fresh=not self.resumed and self.step == 0 and not self.state.evaluations)
             if not self.resumed:  # a new run: its settings written, what an earlier run's crash mid-save left removed
                 write_atomically(self.files.config, json.dumps(self.config.as_dict(), indent=2) + "\n")
@@ -205,10 +208,14 @@ class Trainer:
         return result
 
     def close(self) -> None:
-        """Stop the environment worker (``rollout.env_worker``), if one runs; a later step starts another."""
+        """Stop the environment worker (``rollout.env_worker``), if one runs (a later step starts another), and
+        let go of the run's folder (:mod:`agents.training.run_lock`)."""
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def close_environments(self) -> None:
         """Close the worker and the training and held-out environments (their sources' threads)."""

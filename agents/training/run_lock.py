@@ -1,0 +1,88 @@
+"""One run per output folder at a time: a lock on ``run.lock`` in the folder, held for the run's life.
+
+Two runs started in one folder at once both find it free of an earlier run, then write the same
+checkpoint, logs and policy, each destroying the other's. So the process that runs in a folder (rank 0
+of a multi-rank run) takes an exclusive ``flock`` on the folder's :data:`~agents.training.run_files.LOCK_FILE`
+before it reads or writes anything there, and a second one fails at once with one line naming the
+process that holds it. The operating system lets go of the lock when its holder ends, however it ends
+(a kill included), so a lock is never stale: the file it leaves behind locks nothing.
+
+Within one process the lock is re-entrant: ``python -m agents.train`` takes it before it builds the
+trainer (a resume cuts the logs back while it is built) and the trainer takes it again as it trains;
+the folder is let go when the last holder releases it. On platforms without ``fcntl`` (Windows) there is
+no lock.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agents.training.run_files import LOCK_FILE
+
+__all__ = ["RunFolderBusy", "RunLock", "lock_run_folder"]
+
+#: The locks this process holds: the folder's real path -> (its lock file's descriptor, holders).
+_HELD: dict[str, list[int]] = {}
+
+
+class RunFolderBusy(ValueError):
+    """Another process runs in the folder (a one-line ``ValueError``: the command line prints it as its error)."""
+
+
+class RunLock:
+    """This process's hold on a run folder (:func:`lock_run_folder`); :meth:`release` lets go of it."""
+
+    def __init__(self, key: str) -> None:
+        self._key: str | None = key
+
+    def release(self) -> None:
+        """Let go of this hold (once; later calls do nothing); the folder is free once every hold of this
+        process is released."""
+        key, self._key = self._key, None
+        if key is None or key not in _HELD:
+            return
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            fd = _HELD.pop(key)[0]
+            os.close(fd)  # closing the last descriptor of the open file lets go of its flock
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_run_folder(directory: str | os.PathLike[str]) -> RunLock:
+    """Hold ``directory`` (created if needed) for this process's run: an exclusive lock on its
+    :data:`~agents.training.run_files.LOCK_FILE`, which names this process while it holds it.
+
+    Raises:
+        RunFolderBusy: another process holds it (one line naming that process and what to do).
+    """
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return RunLock(key)
+    try:
+        import fcntl
+    except ImportError:  # no flock here: nothing to hold
+        return RunLock(key="")
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise RunFolderBusy(f"run.output_dir {str(folder)!r} is in use by another run (process {holder} holds {path}): "
+                            "wait for it to end, or give another --run.output_dir") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    _HELD[key] = [fd, 1]
+    return RunLock(key)
