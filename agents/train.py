@@ -9,7 +9,7 @@ Flags follow the config's groups (:mod:`agents.training.config`): ``--GROUP.FIEL
 decide a group's fields: ``--algo NAME`` the ``algorithm`` group (``--algo ppo --help`` lists PPO's),
 ``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group. ``--config recipe.yaml`` loads a recipe first; flags after it override it. ``--import
 MODULE`` imports a module before anything is read, so the algorithms, protocols and rewards it registers
-can be named. Parsing is jsonargparse's.
+can be named (rollout engines and backends too). Parsing is jsonargparse's.
 
 Bad input - an unknown algorithm or flag (with the nearest known flag), a bad value, a missing model,
 dataset or corpus file, a tokenizer of another model, a device this machine lacks, an output folder that
@@ -20,7 +20,16 @@ answer before transformers (or any model) is loaded. A run that fails while it t
 (:class:`~agents.training.health.TrainingFailed`: too many updates in a row skipped for a non-finite
 gradient), or a checkpoint or log it cannot write (a full disk) - ends with one ``error:`` line naming the
 cause or the path, and exit status 1. At the end the program prints a before/after evaluation table, how
-many steps updated the policy, and where the curve, logs, checkpoint and policy are.
+many steps updated the policy, and where the curve, logs, checkpoint and policy are (the policy is exported
+at the last step only).
+
+Ctrl-C stops a run cleanly: after the current step (or at once during the start's evaluations and warm
+start, back to the last checkpoint), with a checkpoint that ``--run.resume true`` continues, and exit
+status 3 ("stopped early"; a callback that stops the run gives it too). A Ctrl-C while the model loads
+prints one line and exits with status 3 as well. ``--run.stop_after N``, a planned stop, exits 0.
+
+The first line on stderr says where the run trains: ``--run.device auto`` (the default) is the GPU when
+CUDA is available (each rank's own under ``torchrun``) and the CPU otherwise.
 
 In Python, :func:`agents.training.build.build_trainer` assembles what the command runs from a
 :class:`~agents.training.config.TrainConfig`.
@@ -42,6 +51,8 @@ __all__ = ["main", "parse_config"]
 MISSING = "???"
 #: The algorithm a run without ``--algo`` (and without a recipe naming one) trains with.
 DEFAULT_ALGO = "grpo"
+#: The exit status of a run stopped before it was done (Ctrl-C, or a callback): ``run.resume`` continues it.
+STOPPED_EARLY = 3
 
 
 def parse_config(argv: Sequence[str]) -> Any:
@@ -98,7 +109,7 @@ def _parser(argv: Sequence[str]) -> tuple[Any, dict[str, str]]:
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML recipe of config groups (agents/configs/*.yaml)")
     parser.add_argument("--algo", default=algo, help=f"the algorithm (default: {DEFAULT_ALGO}, or the recipe's)")
     parser.add_argument("--import", dest="import_", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first (its registered algorithms, protocols and rewards can then be named)")
+                        help="import MODULE first (its registered algorithms, rollout engines, backends, protocols and rewards can then be named)")
     for name, group_class in GROUPS.items():
         parser.add_class_arguments(group_class, nested_key=name, as_positional=False)
     for name, (_, group_class) in chosen.items():
@@ -167,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         check_device(config.run.device)
         check_output_dir(config.run)
+        _say_where(config)
         if os.environ.get("RANK", "0") == "0":  # one run in the folder at a time (a launcher's rank 0 holds it)
             lock = lock_run_folder(config.run.output_dir)
         from search_env.console import progress_enabled
@@ -183,6 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lock is not None:
             lock.release()
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the first step: nothing was trained
+        print("stopped while the run was being set up: nothing trained", file=sys.stderr)
+        if lock is not None:
+            lock.release()
+        return STOPPED_EARLY
     from agents.training.health import TrainingFailed
 
     try:
@@ -196,7 +213,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             lock.release()
     if trainer.backend.rank == 0:  # with several data-parallel ranks, one report
         print(result.report())
-    return 0
+    return STOPPED_EARLY if result.stopped else 0
+
+
+def _say_where(config: Any) -> None:
+    """Before the model loads (rank 0): the run's first line, the device and precision it trains in, and
+    the warnings for a GPU it leaves idle; then a retrieval server it cannot reach ends it (one line).
+    DeepSpeed's CPU notice, which a plain run would print as it exports the policy, is kept off."""
+    from agents.training.devices import device_line, device_warnings
+    from agents.training.library_noise import hide_deepspeed_cpu_notice
+    from agents.training.run_reach import check_retrieval_servers
+
+    hide_deepspeed_cpu_notice()
+    if os.environ.get("RANK", "0") == "0":
+        from agents.training.backends.distributed import launcher_world_size
+
+        for line in [device_line(config.run, launcher_world_size()), *device_warnings(config.run.device)]:
+            print(line, file=sys.stderr)
+    if config.data.retrieval_url is not None:
+        check_retrieval_servers(config.data.retrieval_url)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -36,8 +36,9 @@ class AlgorithmConfig:
         tis_cap: token-level truncated importance sampling against the rollout engine's log-probs: each
             trained token's policy-gradient loss is weighted by ``min(π_old / π_engine, tis_cap)``
             (:func:`agents.learners.core.rollout_correction`). ``None``: the rollout engine's default,
-            filled in when the run is built (off for ``rollout.engine: hf``, whose log-probs are the
-            trainer's own; 2.0 for ``vllm``); ``0``: off whatever the engine.
+            resolved for the algorithm when the run is built while the config keeps ``None`` (off for an
+            engine whose log-probs are the trainer's own, ``hf``; 2.0 otherwise, ``vllm``); ``0``: off
+            whatever the engine.
         seq_mask_delta: drop (weight 0) the rows whose geometric-mean ratio π_old / π_engine over their
             trained tokens leaves ``[1 - δ, 1 + δ]``. ``None`` or ``0``: off (with any engine).
     """
