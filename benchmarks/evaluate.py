@@ -32,7 +32,8 @@ Metrics, per dataset x protocol x agent: EM, F1 and cover-EM of the extracted an
 Outputs (--output-dir DIR): results.md (settings block and table), results.csv, results.png (bar chart),
   episodes.jsonl (each episode: trajectory text, answer, metrics, reward components) and settings.json.
   Rerunning with the same DIR resumes: episodes already in episodes.jsonl are not played again (a torn
-  last line is dropped), and the tables are recomputed from it. --results-md PATH also rewrites the
+  last line is dropped), and the tables are recomputed from it. A resume under other settings, another corpus
+  content (its SHA-256), or an agent whose model weights or module source changed is refused in one line. --results-md PATH also rewrites the
   generated section "evaluation" of that markdown file (benchmarks/RESULTS.md keeps the latest run there).
 Retrieval record/replay: --record-retrieval FILE keeps every search (source configuration, query, k ->
   passages); --replay-retrieval FILE answers a later run from it with no retriever built (identical
@@ -49,7 +50,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import search_env
 from agents.rollout.endpoint import EndpointError
@@ -61,6 +62,7 @@ from benchmarks.common.report_files import command_line, replace_generated_secti
 from benchmarks.evaluation import HarnessError
 from benchmarks.evaluation.agent_specs import SCRIPTED, AgentOptions, Decoding, agent_from_object, options_of_engine, parse_agent
 from benchmarks.evaluation.datasets import DATASET_FILES, SYNTHETIC, WORLD_SEED, Dataset, load_datasets
+from benchmarks.evaluation.digests import agent_producer
 from benchmarks.evaluation.report import print_legend, print_table, summarize, table_rows, to_markdown, write_chart, write_csv
 from benchmarks.evaluation.retrieval import RETRIEVERS, Retrieval, RetrievalOptions
 from benchmarks.evaluation.runner import EnvOptions, Plan, play, run
@@ -157,6 +159,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _data_error(message: str) -> NoReturn:
+    """Stop on a file or folder that is missing or holds something else: one ``error:`` line and status 2,
+    without the usage text ``parser.error`` prints (the flags were fine; the data was not)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, in one line each, what cannot run, before anything is loaded."""
     for name, low in (("episodes", 1), ("sampled", 0), ("batch_size", 1), ("top_k", 1), ("max_turns", 0), ("max_new_tokens", 1)):
@@ -166,7 +175,7 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         parser.error(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
     if args.results_md is not None and not args.results_md.parent.is_dir():
-        parser.error(f"--results-md: no folder {args.results_md.parent}")
+        _data_error(f"--results-md: no folder {args.results_md.parent}")
     real = [spec for spec in args.dataset if spec != SYNTHETIC]
     has_retriever = args.corpus is not None or args.retrieval_url is not None
     if args.corpus is not None and args.retrieval_url is not None:
@@ -179,15 +188,15 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.record_retrieval is not None and args.replay_retrieval is not None:
         parser.error("give --record-retrieval or --replay-retrieval, not both (a replay with --replay-missing live adds to its file)")
     if args.replay_retrieval is not None and not args.replay_retrieval.is_file():
-        parser.error(f"--replay-retrieval {args.replay_retrieval} does not exist")
+        _data_error(f"--replay-retrieval {args.replay_retrieval} does not exist")
     if args.replay_missing == "live" and args.replay_retrieval is None:
         parser.error("--replay-missing applies to --replay-retrieval")
     if args.replay_missing == "live" and real and not has_retriever:
         parser.error("--replay-missing live searches what the recording lacks: give --corpus or --retrieval-url")
     if args.corpus is not None and args.replay_retrieval is None and not args.corpus.is_file():
-        parser.error(f"no corpus file {args.corpus}")
+        _data_error(f"no corpus file {args.corpus}")
     if args.tokenizer is not None and not Path(args.tokenizer).exists():
-        parser.error(f"no tokenizer at {args.tokenizer}")
+        _data_error(f"no tokenizer at {args.tokenizer}")
     if (args.judge_url is None) != (args.judge_model is None):
         parser.error("give --judge-url and --judge-model together")
     for protocol in args.protocols:
@@ -258,7 +267,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     try:
         datasets = load_datasets(args.dataset, args.episodes, args.data_dir)
     except (FileNotFoundError, ValueError) as exc:
-        parser.error(str(exc))
+        _data_error(str(exc))
     options = RetrievalOptions(retriever=args.retriever, corpus=args.corpus, url=args.retrieval_url, encoder=args.encoder,
                                dense_index=args.dense_index, index_dir=args.index_dir, record=args.record_retrieval,
                                replay=args.replay_retrieval, replay_missing=args.replay_missing)
@@ -267,9 +276,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for dataset in datasets:
             retrieval.describe(dataset)  # a replay's configuration is checked before anything runs
         if args.output_dir is not None:
-            check_settings(args.output_dir, _settings(args, retrieval, datasets))
-    except (HarnessError, ValueError) as exc:
-        parser.error(str(exc))
+            check_settings(args.output_dir, _settings(args, retrieval, datasets), {spec: agent_producer(spec) for spec in args.agents})
+    except (HarnessError, ValueError, OSError) as exc:
+        _data_error(str(exc))
 
     agent_options = AgentOptions(decoding=Decoding(args.sampled, args.temperature, args.top_p), device=args.device,
                                  dtype=args.dtype, api_key_env=args.api_key_env, max_context=args.max_context,
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     try:
         log = EpisodeLog(args.output_dir / EPISODES_FILE if args.output_dir is not None else None)
     except ValueError as exc:
-        parser.error(str(exc))
+        _data_error(str(exc))
     not_played = [f"{agent.name} on {dataset.name} ({reason})" for agent, dataset, reason in plan.not_played()]
     for line in not_played:
         print(f"not played: {line}", file=sys.stderr)

@@ -29,6 +29,7 @@ from search_env.sources.recorded import RecordedSource, RetrievalRecording, desc
 
 from benchmarks.evaluation import HarnessError
 from benchmarks.evaluation.datasets import WORLD_SEED, WORLD_SIZE, Dataset
+from benchmarks.evaluation.digests import file_digest
 
 __all__ = ["RETRIEVERS", "Retrieval", "RetrievalOptions"]
 
@@ -113,10 +114,16 @@ class Retrieval:
     def real_config(self) -> dict[str, Any]:
         """The real-data source's configuration (retriever, corpus file name, encoder and index, or
         server URL; the recording's key): from the options, or, for a replay without retriever flags,
-        the one the recording holds."""
+        the one the recording holds.
+
+        Raises:
+            HarnessError: a replay (``--replay-missing error``) whose recording holds no search under the
+                configured retriever: one line naming the setting that differs (another corpus, say)."""
         if self._real is None:
             o = self.options
             self._real = self._configured() if o.has_retriever or o.replay is None else self._recorded_config()
+            if o.replay is not None and o.has_retriever and o.replay_missing == "error":
+                self._check_recorded(self._real)
         return self._real
 
     def describe(self, dataset: Dataset) -> dict[str, str]:
@@ -165,11 +172,41 @@ class Retrieval:
         o = self.options
         if o.url is not None:
             return {"retriever": "remote", "url": o.url, "source": REAL_SOURCE}
-        corpus = o.corpus.name if o.corpus is not None else None
+        if o.corpus is None:
+            raise HarnessError("searching real questions needs --corpus or --retrieval-url")
+        present = o.corpus.is_file()
+        if not present and (o.replay is None or o.replay_missing == "live"):
+            raise HarnessError(f"no corpus file {o.corpus}")
+        corpus = {"corpus": o.corpus.name, "corpus_sha256": file_digest(o.corpus) if present else None}
         if o.retriever == "dense":
             encoder = Path(o.encoder).name if o.encoder else "default"
-            return {"retriever": "dense", "corpus": corpus, "encoder": encoder, "index": o.dense_index, "source": REAL_SOURCE}
-        return {"retriever": "bm25", "corpus": corpus, "source": REAL_SOURCE}
+            config = {"retriever": "dense", **corpus, "encoder": encoder, "index": o.dense_index, "source": REAL_SOURCE}
+        else:
+            config = {"retriever": "bm25", **corpus, "source": REAL_SOURCE}
+        if present:
+            return config
+        # a replay where the corpus is not at hand: the recorded corpus of that name, whatever its content
+        assert self.recording is not None
+        named = [c for c in self.recording.configs if {**c, "corpus_sha256": None} == config]
+        return named[0] if len(named) == 1 else config
+
+    def _check_recorded(self, config: dict[str, Any]) -> None:
+        """Refuse a replay whose recording holds no search under ``config``, naming what differs."""
+        assert self.recording is not None
+        held = [c for c in self.recording.configs if c.get("corpus") != _WORLD_CORPUS]
+        if config in held:
+            return
+        path = self.recording.path
+        for other in held:
+            differs = sorted(key for key in set(config) | set(other) if config.get(key) != other.get(key))
+            if differs == ["corpus_sha256"]:
+                raise HarnessError(
+                    f"--replay-retrieval {path} was recorded against another {config['corpus']} (content sha256 "
+                    f"{other['corpus_sha256']}, and --corpus {self.options.corpus} is {config['corpus_sha256']}): give the "
+                    "corpus it was recorded with, or record again")
+        recorded = "; ".join(describe_config(c) for c in held) or "none"
+        raise HarnessError(f"--replay-retrieval {path} holds no searches by {describe_config(config)} (it holds: {recorded}): "
+                           "give the retriever flags it was recorded with, record again, or add --replay-missing live")
 
     def _recorded_config(self) -> dict[str, Any]:
         """The one real-data configuration the replay file holds."""

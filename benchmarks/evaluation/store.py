@@ -7,8 +7,11 @@ agent, seed and question id (:func:`episode_key`): a rerun with the same folder 
 lacks, and every table is computed from the log, never from memory alone.
 
 ``settings.json`` holds what the episodes' outcomes depend on beyond that key (retriever, corpus,
-top-k, budgets, decoding, judge...). Resuming with other values would mix two runs in one table, so
-it is refused; adding datasets, protocols, agents, questions or seeds is not.
+top-k, budgets, decoding, judge...), the corpus by its content's digest, and, under ``agents``, what
+produced each agent's episodes beyond its name (a model folder's weights digest, a ``module:Name``
+agent's source digest: :func:`~benchmarks.evaluation.digests.agent_producer`). Resuming with other
+values would mix two runs in one table, or keep an old agent's episodes under a changed agent, so it
+is refused; adding datasets, protocols, agents, questions or seeds is not.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import json
 import os
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping
+
+from search_env.files import write_atomically
 
 from benchmarks.evaluation import HarnessError
 
@@ -95,20 +100,33 @@ class EpisodeLog:
                                  "remove the line or use another --output-dir") from None
 
 
-def check_settings(output_dir: Path, settings: Mapping[str, Any]) -> None:
-    """Write ``settings`` to a new output folder, or check that an existing one's match them.
+def check_settings(output_dir: Path, settings: Mapping[str, Any], producers: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write ``settings`` and the agents' ``producers`` (by agent name) to a new output folder, or check that
+    an existing one's match them; agents new to the folder are added to it.
 
     Raises:
-        HarnessError: the folder holds a run with other settings (one line naming the first that differs).
+        HarnessError: the folder holds a run with other settings, or episodes of an agent of the same name
+            produced by other weights or code (one line naming the first that differs, and how to start fresh).
     """
     path = output_dir / SETTINGS_FILE
     plain = json.loads(json.dumps(dict(settings)))  # as it reads back (tuples become lists)
+    agents = json.loads(json.dumps(dict(producers)))
     if path.is_file():
         held = json.loads(path.read_text(encoding="utf-8"))
+        held_agents = held.pop("agents", {})
         for name in sorted(set(held) | set(plain)):
             if held.get(name) != plain.get(name):
                 raise HarnessError(f"{output_dir} holds a run with {name}={held.get(name)!r}, and this run asks for "
                                    f"{plain.get(name)!r}: resume with the same settings or give another --output-dir")
-        return
+        for agent, produced in agents.items():
+            before = held_agents.get(agent, produced)  # an agent new to the folder: nothing to compare
+            for part in sorted(set(before) | set(produced)):
+                if before.get(part) != produced.get(part):
+                    raise HarnessError(
+                        f"{output_dir} holds episodes of agent {agent!r} with {part} digest {before.get(part)}, and its {part} "
+                        f"is now {produced.get(part)}: give another --output-dir (or delete {output_dir}) to start fresh")
+        if set(agents) <= set(held_agents):
+            return
+        agents = {**held_agents, **agents}
     output_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plain, indent=2) + "\n", encoding="utf-8")
+    write_atomically(path, json.dumps({**plain, "agents": agents}, indent=2) + "\n")

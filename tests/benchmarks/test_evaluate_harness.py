@@ -370,3 +370,70 @@ def test_failed_searches_are_counted_in_every_table_and_said_beside_the_em(
     markdown = (out / "results.md").read_text(encoding="utf-8")
     assert "| 0.000 (searches failed) |" in markdown and "failed searches" in markdown
     assert _csv(out / "results.csv")[0]["failed_searches"] == "1.0"
+
+
+# --- resumed episodes are kept only for the agent that played them ------------------------------------
+
+
+def test_a_resume_after_the_agents_source_changed_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.evaluation import digests
+
+    monkeypatch.setattr(digests, "DIGEST_CACHE", tmp_path / "digests.json")
+    module = tmp_path / "modules" / "changing_agent.py"
+    module.parent.mkdir()
+    module.write_text("from agents import NoSearchAgent\n\n\nclass Agent(NoSearchAgent):\n    pass\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(module.parent))
+    out = tmp_path / "run"
+    argv = ["--protocols", "search-r1", "--agents", "changing_agent:Agent", "oracle", "--episodes", "1", "--output-dir", str(out)]
+    main(argv)
+    main(argv)  # the same code resumes (nothing left to play)
+    module.write_text(module.read_text(encoding="utf-8") + "\n# answers differently now\n", encoding="utf-8")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {out} holds episodes of agent 'changing_agent:Agent' with source digest ")
+    assert err.rstrip().endswith(f"give another --output-dir (or delete {out}) to start fresh")
+    assert len(_episodes(out)) == 2  # the old episodes were not mixed with new ones
+
+
+def test_a_model_folder_is_known_by_its_weights_and_a_module_agent_by_its_source(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.evaluation import digests
+    from benchmarks.evaluation.digests import agent_producer
+
+    monkeypatch.setattr(digests, "DIGEST_CACHE", tmp_path / "digests.json")
+    model = tmp_path / "policy"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    (model / "model.safetensors").write_bytes(b"weights one")
+    first = agent_producer(f"hf:{model}")
+    assert first["weights"] is not None and first["source"] is None
+    assert agent_producer(str(model)) == agent_producer(f"ircot:hf:{model}") == first  # wherever the folder sits in the spec
+    (model / "config.json").write_text('{"a": 1}', encoding="utf-8")
+    assert agent_producer(f"hf:{model}") == first  # only the weights count
+    (model / "model.safetensors").write_bytes(b"weights two")
+    assert agent_producer(f"hf:{model}")["weights"] not in (None, first["weights"])
+    assert agent_producer("oracle") == agent_producer("hf:tiny") == {"weights": None, "source": None}
+    assert agent_producer(f"{__name__}:CountingOracle")["source"] == digests.file_digest(__file__)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dataset", "nosuch.jsonl", "--corpus", "{corpus}"], "error: no dataset file 'nosuch.jsonl'"),
+        (["--dataset", "{qa}", "--corpus", "{tmp}/absent.jsonl"], "error: no corpus file"),
+        (["--replay-retrieval", "{tmp}/absent.jsonl"], "error: --replay-retrieval"),
+        (["--dataset", "{corpus}", "--corpus", "{corpus}"], "error: "),  # passages are no questions
+        (["--results-md", "{tmp}/no/RESULTS.md"], "error: --results-md: no folder"),
+    ],
+)
+def test_data_errors_are_one_line_without_the_usage_text(argv: list[str], message: str, real_format: tuple[Path, Path],
+                                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    questions, corpus = real_format
+    with pytest.raises(SystemExit) as exit_info:
+        main([a.format(corpus=corpus, qa=questions, tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith(message) and "usage" not in err, err

@@ -118,3 +118,57 @@ def test_dense_retrieval_over_the_corpus(real_format: tuple[Path, Path], tmp_pat
     assert row["retriever"] == "dense (default encoder, flat index)" and row["top_k"] == 2
     assert row["searches"] == 1.0 and row["retrieved_tokens"] > 0
     assert all(len(e["tool_calls"][0]["passage_ids"]) == 2 for e in _episodes(tmp_path / "run"))
+
+
+# --- the corpus and the agent by their content --------------------------------------------------------
+
+
+@pytest.fixture
+def digest_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A digest cache of the test's own."""
+    from benchmarks.evaluation import digests
+
+    monkeypatch.setattr(digests, "DIGEST_CACHE", tmp_path / "digests.json")
+    return tmp_path / "digests.json"
+
+
+def _other_corpus(corpus: Path, folder: Path) -> Path:
+    """A corpus with ``corpus``'s file name and another passage."""
+    folder.mkdir()
+    other = folder / corpus.name
+    other.write_text(corpus.read_text(encoding="utf-8").replace("Bob Smith", "Ann Lee"), encoding="utf-8")
+    return other
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+def test_a_recording_made_against_another_corpus_of_the_same_name_is_refused(
+        real_format: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], digest_cache: Path) -> None:
+    questions, corpus = real_format
+    recording = tmp_path / "searches.jsonl"
+    common = ["--dataset", str(questions), "--protocols", "search-r1", "--agents", "retrieve-then-answer"]
+    main([*common, "--corpus", str(corpus), "--record-retrieval", str(recording)])
+    other = _other_corpus(corpus, tmp_path / "other")
+    err = _refused([*common, "--corpus", str(other), "--replay-retrieval", str(recording)], capsys)
+    assert err.startswith(f"error: --replay-retrieval {recording} was recorded against another corpus.jsonl (content sha256 ")
+    assert f"--corpus {other} is " in err and "give the corpus it was recorded with, or record again" in err
+    main([*common, "--corpus", str(corpus), "--replay-retrieval", str(recording)])  # the same content replays
+    assert len(json.loads(digest_cache.read_text(encoding="utf-8"))) == 2  # each corpus read once, its digest kept
+
+
+def test_resuming_an_output_folder_with_another_corpus_of_the_same_name_is_refused(
+        real_format: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], digest_cache: Path) -> None:
+    questions, corpus = real_format
+    out = tmp_path / "run"
+    common = ["--dataset", str(questions), "--protocols", "search-r1", "--agents", "retrieve-then-answer", "--output-dir", str(out)]
+    main([*common, "--corpus", str(corpus), "--episodes", "1"])
+    err = _refused([*common, "--corpus", str(_other_corpus(corpus, tmp_path / "other")), "--episodes", "2"], capsys)
+    assert err.startswith(f"error: {out} holds a run with retrieval=") and "'corpus_sha256'" in err
+    assert [e["example_id"] for e in _episodes(out)] == ["q1"]  # nothing of the other corpus was mixed in
