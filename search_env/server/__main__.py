@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--max-queries", type=int, default=defaults.max_queries, help="queries per request")
     server.add_argument("--max-query-chars", type=int, default=defaults.max_query_chars, help="longest query accepted")
     server.add_argument("--max-topk", type=int, default=defaults.max_topk, help="largest topk a request may ask")
+    server.add_argument("--body-timeout-s", type=float, default=defaults.body_timeout_s,
+                        help="seconds a request body may take to arrive in full; later: 408 and the connection closed")
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level")
 
     args = parser.parse_args(argv)
@@ -78,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.synthetic_source and not args.synthetic:
         parser.error("--synthetic-source needs --synthetic")
+    if not 0 < args.body_timeout_s < float("inf"):
+        parser.error(f"--body-timeout-s must be a positive number of seconds, got {args.body_timeout_s}")
     return args
 
 
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.host not in (LOOPBACK, "localhost", "::1"):
         logging.warning("binding %s: anyone who can reach this address can query the server", args.host)
-    limits = ServerLimits(args.max_body_bytes, args.max_queries, args.max_query_chars, args.max_topk)
+    limits = ServerLimits(args.max_body_bytes, args.max_queries, args.max_query_chars, args.max_topk, args.body_timeout_s)
     source = SourceBuild(build, name=name)
     try:
         serve(

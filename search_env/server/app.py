@@ -10,13 +10,18 @@ deliberate differences, both where the reference misbehaves:
 - ``"return_scores": false`` answers each query with its list of bare documents, which is what the
   reference's response code builds; the reference itself fails with HTTP 500 there for any batch but
   one of exactly two queries (it unpacks a one-value return into two names).
-- requests are bounded (body bytes, number of queries, query length, top-k) and malformed ones get a
-  4xx status with a ``{"detail": "..."}`` message saying what is wrong, instead of a 500 or a hang.
+- requests are bounded (body bytes, the time the body may take to arrive, number of queries, query
+  length, top-k) and malformed ones get a 4xx status with a ``{"detail": "..."}`` message saying what
+  is wrong, instead of a 500 or a hang. A body still arriving after ``body_timeout_s`` is answered 408
+  and its connection closed (a client sending a byte now and then would otherwise hold it for ever);
+  a client that disconnects mid-body, an ordinary client event, is one log line, not a traceback.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -26,7 +31,7 @@ with requires_extra("server", "the retrieval server"):
     from pydantic import BaseModel, ConfigDict, ValidationError
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -36,6 +41,9 @@ from search_env.sources.base import Passage, Source
 from search_env.sources.remote import passage_to_document
 
 __all__ = ["RETRY_AFTER_S", "RetrieveRequest", "ServerLimits", "create_app"]
+
+#: Where the app's one-line notes go: uvicorn's own log, so they show at the server's log level.
+LOG = logging.getLogger("uvicorn.error")
 
 RETRY_AFTER_S = 10
 """The ``Retry-After`` of a ``/retrieve`` refused while the source is being built: an index takes
@@ -54,11 +62,15 @@ class ServerLimits:
     max_queries: int = 4096
     max_query_chars: int = 2048
     max_topk: int = 200
+    #: Seconds a request body may take to arrive in full (a 4 MiB body on a slow link takes well under it).
+    body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queries", "max_query_chars", "max_topk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.body_timeout_s < float("inf"):
+            raise ValueError(f"ServerLimits.body_timeout_s must be a positive number of seconds, got {self.body_timeout_s}")
 
 
 class RetrieveRequest(BaseModel):
@@ -126,7 +138,13 @@ def create_app(
         if build is not None and build.state != "ready":
             return JSONResponse({"detail": build.describe()}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         with batcher.expect():  # a batch being gathered now may wait for this request
-            body = await _read_body(request, limits.max_body_bytes)
+            try:
+                body = await _read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+            except ClientDisconnect:
+                client = request.scope.get("client")
+                LOG.warning("client %s disconnected while sending its request body; nothing was searched",
+                            ":".join(map(str, client)) if client else "?")
+                return Response(status_code=400)  # nobody reads it: the connection is gone
             parsed = _parse_request(body)
             topk = _resolve_topk(parsed.topk, default_topk, limits.max_topk)
             _check_queries(parsed.queries, limits)
@@ -151,8 +169,17 @@ async def _error_response(_: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """Read the body, refusing (413) as soon as it is known to exceed ``limit`` bytes."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """Read the body, refusing (413) as soon as it is known to exceed ``limit`` bytes, and (408, closing the
+    connection) when it has not arrived in full within ``timeout_s`` seconds."""
+    try:
+        return await asyncio.wait_for(_read_limited(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise HTTPException(408, f"request body not received in full within {timeout_s:g} s",
+                            headers={"Connection": "close"}) from None
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

@@ -210,6 +210,69 @@ def test_chunked_body_over_the_byte_limit_is_413(server: RetrievalServer) -> Non
     assert reply.status_code == 413
 
 
+def _raw_request_head(server: RetrievalServer, length: int) -> socket.socket:
+    """A loopback connection that has sent a ``/retrieve`` request's head declaring ``length`` body bytes."""
+    sock = socket.create_connection((server.host, server.port), timeout=WAIT_S)
+    sock.sendall(f"POST /retrieve HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {length}\r\n\r\n".encode())
+    return sock
+
+
+def test_a_client_that_disconnects_mid_body_is_one_log_line(server: RetrievalServer, fake: FakeSource,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    body = json.dumps({"queries": ["alpha", "beta"]}).encode()
+    with caplog.at_level(logging.INFO):
+        with _raw_request_head(server, len(body)) as sock:
+            sock.sendall(body[:10])
+            time.sleep(0.1)  # the server is reading the body when the client goes
+        deadline = time.monotonic() + WAIT_S
+        while not any("disconnected" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1 and logged[0].exc_info is None, [r.getMessage() for r in logged]
+    message = logged[0].getMessage()
+    assert message.startswith("client 127.0.0.1:") and message.endswith("disconnected while sending its request body; nothing was searched")
+    assert "\n" not in message and fake.calls == []
+    assert post(server, {"queries": ["after"]}).status_code == 200  # the server goes on serving
+
+
+def test_a_body_that_trickles_in_is_cut_at_the_body_deadline_with_408(fake: FakeSource) -> None:
+    body = json.dumps({"queries": ["slow"]}).encode()
+    limits = ServerLimits(max_body_bytes=4096, body_timeout_s=0.5)
+    with RetrievalServer(fake, limits=limits) as server, _raw_request_head(server, len(body)) as sock:
+        started = time.monotonic()
+        sock.settimeout(0.05)
+        reply = b""
+        for byte in body:  # one byte every 50 ms: the whole body would take over 1 s
+            try:
+                sock.sendall(bytes([byte]))
+                reply += sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:  # the server closed the connection
+                break
+            if reply:
+                break
+        sock.settimeout(WAIT_S)
+        while True:  # the rest of the answer, then the server's close
+            try:
+                chunk = sock.recv(4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+        elapsed = time.monotonic() - started
+    assert reply.startswith(b"HTTP/1.1 408 "), reply
+    assert b"request body not received in full within 0.5 s" in reply
+    assert 0.5 <= elapsed < 0.5 + WAIT_S / 2 and fake.calls == []
+
+
+def test_body_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="body_timeout_s must be a positive number of seconds"):
+        ServerLimits(body_timeout_s=0)
+
+
 def test_too_many_queries_is_413(server: RetrievalServer, fake: FakeSource) -> None:
     reply = post(server, {"queries": [f"q{i}" for i in range(9)]})
     assert reply.status_code == 413 and "9 queries in one request; the limit is 8" in reply.json()["detail"]
@@ -606,6 +669,7 @@ def test_cli_serves_a_synthetic_world_source(tmp_path: Path) -> None:
         (["--corpus", "c.jsonl", "--synthetic"], "exactly one of --corpus PATH and --synthetic"),
         (["--corpus", "c.jsonl", "--synthetic-source", "news"], "--synthetic-source needs --synthetic"),
         (["--corpus", "c.jsonl", "--retriever", "tfidf"], "invalid choice: 'tfidf'"),
+        (["--corpus", "c.jsonl", "--body-timeout-s", "0"], "--body-timeout-s must be a positive number of seconds, got 0.0"),
     ],
 )
 def test_cli_refuses_bad_arguments(argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]) -> None:
