@@ -201,10 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             lock.release()
         return STOPPED_EARLY
     from agents.training.health import TrainingFailed
+    from search_env.worker import WorkerDied
 
     try:
         result = trainer.train()
-    except (TrainingFailed, OSError) as exc:  # diverged, or a checkpoint or log it cannot write (a full disk)
+    except (TrainingFailed, OSError, WorkerDied) as exc:  # diverged, a file it cannot write (a full disk), a dead env worker
         print(f"error: {_error_text(exc)}", file=sys.stderr)
         return 1
     finally:

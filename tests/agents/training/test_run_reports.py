@@ -296,3 +296,24 @@ def test_durations_read_as_a_person_writes_them():
     from agents.training.console_log import format_duration
 
     assert [format_duration(s) for s in (0, 42, 185, 3725)] == ["0s", "42s", "3m05s", "1h02m"]
+
+
+def test_the_environment_workers_death_is_one_error_line_naming_how_it_ended(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    from search_env.worker import EnvWorker
+
+    submit = EnvWorker.submit
+
+    def killed_first(worker, *args, **kwargs):
+        os.kill(worker._process.pid, signal.SIGKILL)  # the OOM killer's way
+        worker._process.join(10)
+        return submit(worker, *args, **kwargs)
+
+    monkeypatch.setattr(EnvWorker, "submit", killed_first)
+    assert main(tiny_argv(tmp_path, "--eval.questions", "0", "--rollout.env_worker", "true")) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("error: the environment worker (pid ") and errors[0].endswith("died: killed by SIGKILL")
