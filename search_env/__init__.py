@@ -12,7 +12,7 @@ from rewards.registry import UnknownNameError
 from search_env.batch import BatchEnv
 from search_env.data import QAExample, load_dataset
 from search_env.env import SearchQAEnv
-from search_env.protocols import SEED_PROTOCOLS, Protocol, available_protocols, get_protocol, register_protocol
+from search_env.protocols import SEED_PROTOCOLS, Dialect, available_protocols, get_protocol, register_protocol
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
 from search_env.types import Action, Observation, StepResult
@@ -21,7 +21,7 @@ from search_env.worker import EnvWorker
 from search_env.wrappers import FixedWindowObservation, FullContextObservation
 
 __all__ = [
-    "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "BatchEnv", "Protocol", "register_protocol", "get_protocol",
+    "SearchQAEnv", "BatchSearchQAEnv", "EnvWorker", "BatchEnv", "Dialect", "register_protocol", "get_protocol",
     "available_protocols", "SEED_PROTOCOLS", "UnknownNameError", "Passage", "Source", "SourceError", "Trajectory",
     "AGENT", "ENVIRONMENT", "Action", "Observation", "StepResult", "QAExample", "load_dataset",
     "FixedWindowObservation", "FullContextObservation", *("BM25Source", "CachedSource", "DenseSource", "HybridSource",

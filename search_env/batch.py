@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 from search_env.types import Info, Observation
 
@@ -53,7 +53,7 @@ class BatchEnv(typing.Protocol):
         """The dataset's questions (``{"index": i}`` in reset options picks ``examples[i]``)."""
 
     @property
-    def protocol(self) -> Protocol:
+    def protocol(self) -> Dialect:
         """The tag dialect the episodes speak (with the NL-DAG tools these sources offer)."""
 
     @property

@@ -43,7 +43,7 @@ from rewards.schedule import StepReward
 
 from search_env.data.example import QAExample
 from search_env.episode import EpisodeBuffer, Prompt
-from search_env.protocols import Protocol, get_protocol
+from search_env.protocols import Dialect, get_protocol
 from search_env.resolve import (
     guard_sources, offer_plan_tools, resolve_budget, resolve_dataset, resolve_reward, resolve_source_names, resolve_sources,
 )
@@ -65,7 +65,7 @@ class SearchQAEnv(gym.Env[Observation, Action]):
 
     Args:
         protocol: a registered protocol name (``search-r1``, ``r1-searcher``, ``research``, ``r-search``,
-            ``reasoning-search``) or a :class:`~search_env.protocols.Protocol`.
+            ``reasoning-search``) or a :class:`~search_env.protocols.Dialect`.
         dataset: ``"synthetic"`` (the built-in world), a list of :class:`QAExample`, or a dataset name/path
             understood by :func:`search_env.data.loaders.load_dataset`.
         sources: a :class:`Source`, a corpus path (jsonl; searched with BM25 as source ``"wiki"``), or a
@@ -81,7 +81,7 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         evidence_model / judge: model-based reward parts passed to :func:`rewards.score`.
         max_new_tokens: agent tokens per episode before truncation.
         max_turns: searches per episode, further calls get an error observation (None, the default:
-            the protocol's :attr:`~search_env.protocols.Protocol.max_turns`, None there meaning
+            the protocol's :attr:`~search_env.protocols.Dialect.max_turns`, None there meaning
             unlimited; ``protocol.with_options(max_turns=None)`` lifts a protocol's budget).
         max_context: total tokens (prompt included) before truncation.
         max_result_tokens: cap on the document tokens of one result block (its prefix and closing
@@ -102,7 +102,7 @@ class SearchQAEnv(gym.Env[Observation, Action]):
 
     def __init__(
         self,
-        protocol: str | Protocol = "search-r1",
+        protocol: str | Dialect = "search-r1",
         dataset: str | Sequence[QAExample] = "synthetic",
         sources: Source | str | Mapping[str, Source | str] | None = None,
         *,

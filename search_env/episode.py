@@ -13,7 +13,7 @@ from itertools import accumulate
 from typing import Any, Sequence
 
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.scanner import token_range
 from search_env.trajectory import AGENT, Span, Trajectory
 
@@ -116,7 +116,7 @@ class EpisodeBuffer:
         self.end_reason, self.truncated = reason, truncated
         self.trajectory.end_reason = reason
 
-    def complete(self, protocol: Protocol) -> Trajectory:
+    def complete(self, protocol: Dialect) -> Trajectory:
         """Fill in what the trajectory knows only at the end: the response text, the first answer's
         content, the trained-on mask, and whether a budget cut a call short."""
         if self.truncated:

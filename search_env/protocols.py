@@ -1,9 +1,10 @@
 """Protocols: the tag dialects of the seed systems, as data.
 
-A :class:`Protocol` says how the prompt looks, which tags open and close a search call and an answer,
+A protocol (what ``protocol=`` and ``env.protocol`` name) is a :class:`Dialect`; the class is not called
+``Protocol`` so that no reader takes it for ``typing.Protocol``. A dialect says how the prompt looks, which tags open and close a search call and an answer,
 how a call's content becomes a query (or an NL-DAG plan), how results and errors are written back, and
 which reward preset scores the episode. The environment reads nothing else, so a new dialect is a new
-``Protocol`` passed to ``gym.make("SearchQA-v0", protocol=...)`` or registered by name with
+``Dialect`` passed to ``gym.make("SearchQA-v0", protocol=...)`` or registered by name with
 :func:`register_protocol`; the environment's code is untouched. The exact strings of the five built-ins
 come from ../shared/PROTOCOLS.md.
 """
@@ -18,7 +19,7 @@ from rewards.registry import UnknownNameError
 from search_env.sources.base import Passage
 
 __all__ = [
-    "Protocol",
+    "Dialect",
     "register_protocol",
     "get_protocol",
     "available_protocols",
@@ -39,7 +40,7 @@ def _r1_clean_query(query: str) -> str:
 
 
 @dataclass(frozen=True)
-class Protocol:
+class Dialect:
     """One tag dialect. Every field is plain data or a small function, so users can ``replace()`` one.
 
     Attributes:
@@ -138,7 +139,7 @@ class Protocol:
         """Where a rollout engine should stop generating (besides the EOS token)."""
         return (self.call_close, self.answer_close) if self.answer_ends_episode else (self.call_close,)
 
-    def with_options(self, **changes: Any) -> "Protocol":
+    def with_options(self, **changes: Any) -> "Dialect":
         """A copy with some fields changed (e.g. ``top_k=5`` for evaluation)."""
         return dataclasses.replace(self, **changes)
 
@@ -222,7 +223,7 @@ def _search_r1_question(question: str) -> str:
     return question if question.endswith("?") else question + "?"
 
 
-SEARCH_R1 = Protocol(
+SEARCH_R1 = Dialect(
     name="search-r1",
     call_open="<search>",
     call_close="</search>",
@@ -251,7 +252,7 @@ _R1_INSTRUCTION = (
     'retrieval information with the format of "<|begin_of_documents|> ...search results... <|end_of_documents|>".'
 )
 
-R1_SEARCHER = Protocol(
+R1_SEARCHER = Dialect(
     name="r1-searcher",
     call_open="<|begin_of_query|>",
     call_close="<|end_of_query|>",
@@ -288,7 +289,7 @@ _RESEARCH_INSTRUCTION = (
     "latex format."
 )
 
-RESEARCH = Protocol(
+RESEARCH = Dialect(
     name="research",
     call_open="<search>",
     call_close="</search>",
@@ -319,7 +320,7 @@ _R_SEARCH_SYSTEM = (
     "Finally, provide the final answer within <answer> and </answer> tags."
 )
 
-R_SEARCH = Protocol(
+R_SEARCH = Dialect(
     name="r-search",
     call_open="<search>",
     call_close="</search>",
@@ -357,7 +358,7 @@ def _dag_docs(passages: Sequence[Passage]) -> str:
     return "".join(f"Doc {i}(Title: {p.title}) {p.text}\n" for i, p in enumerate(passages, 1))
 
 
-REASONING_SEARCH = Protocol(
+REASONING_SEARCH = Dialect(
     name="reasoning-search",
     call_open="<search>",
     call_close="</search>",
@@ -393,7 +394,7 @@ SEARCH_R1_COMPACT = SEARCH_R1.with_options(
 ...)`` prefixes, for a small model trained from scratch (the embedded demo): it gets nothing from
 instruction text, and every token of context costs it compute, so an episode is about half as long."""
 
-_REGISTRY: dict[str, Protocol] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}
+_REGISTRY: dict[str, Dialect] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}
 
 SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
 """The five seed systems' protocols (registered at import; :func:`available_protocols` also lists the
@@ -402,7 +403,7 @@ derived dialects and any protocol registered since, e.g. by a plug-in)."""
 _REGISTRY[SEARCH_R1_COMPACT.name] = SEARCH_R1_COMPACT
 
 
-def register_protocol(protocol: Protocol, *, replace: bool = False) -> Protocol:
+def register_protocol(protocol: Dialect, *, replace: bool = False) -> Dialect:
     """Make ``protocol`` available by name to ``gym.make("SearchQA-v0", protocol=name)``.
 
     Registering a taken name raises ``ValueError`` unless ``replace=True`` (the keyword every registry
@@ -414,10 +415,10 @@ def register_protocol(protocol: Protocol, *, replace: bool = False) -> Protocol:
     return protocol
 
 
-def get_protocol(protocol: str | Protocol) -> Protocol:
+def get_protocol(protocol: str | Dialect) -> Dialect:
     """The registered protocol of that name (or ``protocol`` itself when it already is one);
     :class:`~rewards.UnknownNameError` lists the known names."""
-    if isinstance(protocol, Protocol):
+    if isinstance(protocol, Dialect):
         return protocol
     try:
         return _REGISTRY[protocol]

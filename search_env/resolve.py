@@ -15,7 +15,7 @@ from rewards.schedule import StepReward, accepts_option
 
 from search_env.dag.validate import normalize_source_name
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.sources.base import Source
 
 __all__ = [
@@ -128,7 +128,7 @@ def default_aliases(sources: Mapping[str, Source]) -> dict[str, str]:
     return {k: v for k, v in aliases.items() if v in sources and k not in sources}
 
 
-def offer_plan_tools(protocol: Protocol, sources: Mapping[str, Source], aliases: Mapping[str, str]) -> Protocol:
+def offer_plan_tools(protocol: Dialect, sources: Mapping[str, Source], aliases: Mapping[str, str]) -> Dialect:
     """``protocol`` with the tools its NL-DAG prompt offers fitted to these sources and aliases.
 
     The protocol's own list is kept whole when every name in it resolves (parity with the reference
@@ -152,7 +152,7 @@ def offer_plan_tools(protocol: Protocol, sources: Mapping[str, Source], aliases:
 
 
 def resolve_reward(
-    protocol: Protocol,
+    protocol: Dialect,
     reward: str | StepReward | None,
     reward_options: Mapping[str, Any] | None,
     plan_names: Sequence[str],

@@ -23,7 +23,7 @@ from bisect import bisect_left, bisect_right
 from typing import Any, Collection, Generator, Sequence
 
 from search_env.episode import EpisodeBuffer
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.scanner import TagScanner
 from search_env.searching import MAX_QUERY_CHARS, PlanRequest, Request, SearchRequest
 from search_env.sources.base import Passage
@@ -55,7 +55,7 @@ class Transition:
 
     def __init__(
         self,
-        protocol: Protocol,
+        protocol: Dialect,
         codec: TokenCodec,
         *,
         max_new_tokens: int,

@@ -19,7 +19,7 @@ import numpy as np
 from search_env.batch import BatchOptions, BatchStep, per_episode_options
 from search_env.data.example import QAExample
 from search_env.env import SearchQAEnv
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 from search_env.types import Action, Info, Observation
 
@@ -59,7 +59,7 @@ class BatchSearchQAEnv:
         return self.envs[0].examples
 
     @property
-    def protocol(self) -> Protocol:
+    def protocol(self) -> Dialect:
         """The episodes' protocol."""
         return self.envs[0].protocol
 

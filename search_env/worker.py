@@ -41,7 +41,7 @@ import numpy as np
 
 from search_env.batch import BatchOptions, BatchStep, per_episode_options
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 from search_env.types import Info, Observation, StepResult
 from search_env.vector import BatchSearchQAEnv
@@ -121,7 +121,7 @@ class EnvWorker:
         return self.env.examples
 
     @property
-    def protocol(self) -> Protocol:
+    def protocol(self) -> Dialect:
         """The episodes' protocol."""
         return self.env.protocol
 

@@ -15,14 +15,14 @@ the baseline wrote. The asks of all the rows of a turn go to the LLM as one batc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generator, Protocol as TypingProtocol, Sequence
+from typing import Generator, Protocol, Sequence
 
 from agents.baselines.text import TextGenerator
 from agents.rollout.agent import Chunk
 from agents.scripted.agents import DialectWriter
 from agents.scripted.rollout_agent import text_chunk
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
 __all__ = ["Ask", "Baseline", "BaselineAgent", "Episode", "Write"]
@@ -50,7 +50,7 @@ class Write:
 Episode = Generator[Ask | Write, str, None]
 
 
-class Baseline(TypingProtocol):
+class Baseline(Protocol):
     """A baseline: ``play`` scripts one episode. Only an oracle may read past ``example.question``.
 
     A baseline that cannot play some questions (the gold-passage oracle on a dataset without gold
@@ -81,7 +81,7 @@ class BaselineAgent:
         self.baseline, self.llm = baseline, llm
         self.codec: TokenCodec | None = getattr(llm, "codec", None)
 
-    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         self._codec, self._protocol = codec, protocol
         writer = DialectWriter(protocol)
         self._episodes: list[Episode | None] = [self.baseline.play(example, writer) for example in examples]

@@ -9,17 +9,17 @@ and seed of the ``protocol`` row it is compared with.
 """
 from __future__ import annotations
 
-from typing import Protocol as TypingProtocol, Sequence
+from typing import Protocol, Sequence
 
 from agents.rollout.agent import RolloutAgent
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec, as_codec
 
 __all__ = ["RolloutTextGenerator", "TextGenerator"]
 
 
-class TextGenerator(TypingProtocol):
+class TextGenerator(Protocol):
     """Completes prompts: a batch at a time, so a local model decodes the rows of a wave together."""
 
     def complete(self, prompts: Sequence[str], *, max_new_tokens: int, stop: str) -> list[str]:
@@ -74,8 +74,8 @@ class RolloutTextGenerator:
 _NO_QUESTION = QAExample("", "", [])
 
 
-def _stopping_at(stop: str) -> Protocol:
+def _stopping_at(stop: str) -> Dialect:
     """A protocol whose only turn stop string is ``stop``: a rollout agent ends a chunk at its protocol's
     call and answer close tags, so both are ``stop``."""
-    return Protocol(name="text-completion", call_open=stop, call_close=stop, result_open="", result_close="",
+    return Dialect(name="text-completion", call_open=stop, call_close=stop, result_open="", result_close="",
                     user_template="{question}", answer_open=stop, answer_close=stop)

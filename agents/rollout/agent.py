@@ -19,16 +19,16 @@ learner all read those ids. Implementations: :class:`agents.rollout.hf_sampler.H
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol as TypingProtocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
 __all__ = ["Chunk", "RolloutAgent", "StreamingRolloutAgent", "turn_stop_strings"]
 
 
-def turn_stop_strings(protocol: Protocol) -> tuple[str, ...]:
+def turn_stop_strings(protocol: Dialect) -> tuple[str, ...]:
     """Where an agent must end a chunk: every tag after which the environment may append tokens.
 
     That is ``protocol.stop_strings`` and the answer's close tag: the environment answers a close tag
@@ -49,10 +49,10 @@ class Chunk:
 
 
 @runtime_checkable
-class RolloutAgent(TypingProtocol):
+class RolloutAgent(Protocol):
     """The rollout's view of an agent (see the module docstring for the turn structure)."""
 
-    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         """Start one episode per row from its prompt ids. ``examples`` are the rows' questions with their
         gold data: only scripted oracles may look past ``example.question``. ``codec`` is the
         environment's tokenizer view; an agent with its own tokenizer should check they agree."""
@@ -74,7 +74,7 @@ class RolloutAgent(TypingProtocol):
 
 
 @runtime_checkable
-class StreamingRolloutAgent(RolloutAgent, TypingProtocol):
+class StreamingRolloutAgent(RolloutAgent, Protocol):
     """A rollout agent that reports each row's chunk as soon as the row stops, before ``generate`` returns.
 
     With an environment stepped in a worker process (:class:`search_env.worker.EnvWorker`), the rollout

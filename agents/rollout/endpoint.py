@@ -45,7 +45,7 @@ from search_env.http_retry import (
     TRANSPORT_ERRORS, DeadlinePassed, HttpTarget, SocketCut, backoff_wait, exchange, is_final_rejection, retry_after_s,
     unreachable,
 )
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
 __all__ = ["CompletionsEndpointAgent", "EndpointEngine", "EndpointEngineOptions", "EndpointError", "EndpointTimeout"]
@@ -116,7 +116,7 @@ class CompletionsEndpointAgent:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="completions")
 
-    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         self._codec, self._eos = codec, min(codec.eos_ids)
         # The most characters one token can stand for (a character is at least one byte): a chunk of
         # ``budget`` tokens never spans more than ``budget`` times this many characters of the text.

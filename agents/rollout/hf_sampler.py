@@ -37,7 +37,7 @@ from transformers.cache_utils import DynamicLayer
 from agents.rollout.agent import Chunk, turn_stop_strings
 from agents.policies.policy import HFPolicy
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
 __all__ = ["HFSampler", "StopScanner", "cache_keyword"]
@@ -224,7 +224,7 @@ class HFSampler:
         self._cache_arg = cache_keyword(policy.lm)  # a peft wrapper passes it on to the model it adapts
 
     # -- RolloutAgent -------------------------------------------------------------------------------
-    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         if codec is not self.codec and codec.token_bytes != self.codec.token_bytes:
             raise ValueError("the environment's tokenizer is not the policy's: build the env with tokenizer=policy.codec")
         stops = turn_stop_strings(protocol)

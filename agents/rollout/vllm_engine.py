@@ -58,7 +58,7 @@ from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk, turn_stop_strings
 from agents.rollout.engines import EngineSetup, register_engine
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
 __all__ = ["VLLMAgent", "VLLMEngine", "VLLMEngineOptions"]
@@ -371,7 +371,7 @@ class VLLMAgent:
         self._contexts: list[list[int]] = []
         self._turn = 0
 
-    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         if codec is not self.codec and codec.token_bytes != self.codec.token_bytes:
             raise ValueError("the environment's tokenizer is not the policy's: build the env with tokenizer=policy.codec")
         self._stops = list(turn_stop_strings(protocol))

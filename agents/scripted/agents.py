@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol as TypingProtocol
+from typing import Any, Protocol
 
 from search_env.data.example import QAExample, SubQuestion
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.trajectory import Trajectory
 
 __all__ = ["DialectWriter", "ScriptedAgent", "OracleAgent", "RetrieveThenAnswerAgent", "NoSearchAgent", "gold_contexts",
@@ -33,7 +33,7 @@ class DialectWriter:
     """Writes thoughts, calls and answers the way a protocol's model is trained to, reading only the
     protocol's data (its tags and writing fields), so a registered dialect is written its own way."""
 
-    protocol: Protocol
+    protocol: Dialect
 
     def think(self, text: str) -> str:
         return self.protocol.thought_template.format(text=text)
@@ -54,7 +54,7 @@ class DialectWriter:
         return f"{p.answer_prefix}{block}{p.answer_open} {p.answer_template.format(answer=answer)} {p.answer_close}"
 
 
-class ScriptedAgent(TypingProtocol):
+class ScriptedAgent(Protocol):
     """What :func:`run_episode` needs of an agent: ``start`` sees the example (only an oracle may
     look past the question), ``next_text`` returns the next chunk given the last observation's text
     (None or "" to stop, which sends the end-of-sequence token)."""

@@ -7,13 +7,13 @@ from typing import Callable, Sequence
 from agents.rollout.agent import Chunk
 from agents.scripted.agents import DialectWriter, ScriptedAgent
 from search_env.data.example import QAExample
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
 __all__ = ["ScriptedRolloutAgent", "text_chunk"]
 
 
-def text_chunk(text: str, codec: TokenCodec, protocol: Protocol, budget: int) -> Chunk:
+def text_chunk(text: str, codec: TokenCodec, protocol: Dialect, budget: int) -> Chunk:
     """A turn written as text, as the ids an LLM would have sampled: its tokens, then end-of-sequence when
     the turn is empty (the agent has nothing more to say) or closes an answer of a protocol whose answer
     does not end the episode by itself; cut to ``budget`` ids."""
@@ -35,7 +35,7 @@ class ScriptedRolloutAgent:
     def __init__(self, make_agent: Callable[[], ScriptedAgent]) -> None:
         self.make_agent = make_agent
 
-    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Protocol, codec: TokenCodec) -> None:
+    def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         self._codec, self._protocol, self._writer = codec, protocol, DialectWriter(protocol)
         self._agents: list[ScriptedAgent | None] = [self.make_agent() for _ in prompt_ids]
         for agent, example in zip(self._agents, examples):

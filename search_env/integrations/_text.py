@@ -110,7 +110,7 @@ class TextEpisode:
         env: the environment the episode runs in (its protocol, tokenizer, sources and budgets).
 
     A turn's text is encoded with the environment's tokenizer (the trainer's, for token fidelity), cut
-    after its first stop string (the protocol's :attr:`~search_env.protocols.Protocol.stop_strings`) and
+    after its first stop string (the protocol's :attr:`~search_env.protocols.Dialect.stop_strings`) and
     stepped as one chunk. A turn that stops anywhere else ended on the model's end-of-sequence token (or
     its length limit), so when such a turn leaves the episode running the end-of-sequence id is stepped
     too and the episode ends as it would in a token-level rollout.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from search_env import AGENT, ENVIRONMENT, Protocol, available_protocols, get_protocol, register_protocol
+from search_env import AGENT, ENVIRONMENT, Dialect, available_protocols, get_protocol, register_protocol
 from search_env.data.example import QAExample
 from search_env.env import SearchQAEnv
 from tests.conftest import CountingSource, skip_without
@@ -113,7 +113,7 @@ def test_r_search_evidence_is_trained_and_a_protocol_can_exclude_a_span(split_ta
 
 
 def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_tokenizer):
-    custom = Protocol(
+    custom = Dialect(
         name="bracket-tools", call_open="[[search:", call_close="]]", result_open="{{", result_close="}}",
         answer_open="[[answer:", answer_close="]]!", user_template="Q: {question}\n", result_prefix="{{",
         result_suffix="}}", format_docs=lambda ps: "|".join(p.title for p in ps), top_k=2, reward="search-r1",
@@ -130,7 +130,7 @@ def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_toke
 
 def test_non_ascii_tags_delimit_the_query_and_the_answer_by_their_bytes(split_tag_tokenizer):
     # The record's offsets are bytes: a tag of multi-byte characters must be skipped by its encoded length.
-    tags = Protocol(
+    tags = Dialect(
         name="guillemet-tags", call_open="«search»", call_close="«/search»", result_open="«result»",
         result_close="«/result»", answer_open="«答え»", answer_close="«/答え»", user_template="Q: {question}\n",
         top_k=1, reward="search-r1",

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from search_env.protocols import Protocol
+from search_env.protocols import Dialect
 from search_env.sources.base import Passage
 from search_env.tokenization import TokenCodec
 
@@ -83,7 +83,7 @@ class ScriptedEpisode:
         return self.search_ids + self.answer_ids
 
 
-def script_texts(protocol: Protocol, query: str, answer: str) -> tuple[str, str]:
+def script_texts(protocol: Dialect, query: str, answer: str) -> tuple[str, str]:
     """The search call and the answer a scripted model writes, in the protocol's dialect.
 
     A close tag follows its content without the usual space: the built-in tokenizer has a single space
@@ -99,7 +99,7 @@ def script_texts(protocol: Protocol, query: str, answer: str) -> tuple[str, str]
     return call, protocol.answer_prefix + written
 
 
-def _observation_ends(protocol: Protocol, codec: TokenCodec) -> frozenset[int]:
+def _observation_ends(protocol: Dialect, codec: TokenCodec) -> frozenset[int]:
     """The ids an observation of the protocol can end with: results, no results, an error, and a
     result block cut to its suffix."""
     texts = [protocol.results_text([Passage("p1", "Title", "Some text.")]), protocol.results_text([]),
@@ -160,7 +160,7 @@ class _Speller:
         return None
 
 
-def script_episode(protocol: Protocol, codec: TokenCodec, prompts: Sequence[Sequence[int]], *,
+def script_episode(protocol: Dialect, codec: TokenCodec, prompts: Sequence[Sequence[int]], *,
                    query: str = "studied", answer: str = "yes") -> ScriptedEpisode:
     """The episode a scripted model writes under ``protocol`` after any of ``prompts`` (the prompt ids
     of every question it will be given: the marker must occur in none of them).

@@ -9,7 +9,7 @@ import pytest
 
 import search_env  # noqa: F401  (registers SearchQA-v0)
 from agents import DialectWriter, OracleAgent, run_episode
-from search_env import Protocol, get_protocol, register_protocol
+from search_env import Dialect, get_protocol, register_protocol
 from search_env.data.example import QAExample, SubQuestion
 from search_env.env import SearchQAEnv
 from tests.conftest import CountingSource
@@ -38,8 +38,8 @@ def test_builtin_dialects_are_written_as_their_models_write(name: str) -> None:
     assert plan == f"{p.call_open}\nNodes:\nA: q (General)\nB: r {{A}} (News)\nEdges:\nA -> B\n{p.call_close}"
 
 
-def _dialect(name: str) -> Protocol:
-    return Protocol(
+def _dialect(name: str) -> Dialect:
+    return Dialect(
         name=name,
         call_open="<tool>", call_close="</tool>",
         result_open="<docs>", result_close="</docs>",
