@@ -107,10 +107,24 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path
     with open_atomically(target) as handle:
         handle.write(_header("0" * 64, 0))  # filled in once the payload's digest is known
         writer = _HashingWriter(handle)
-        torch.save(state, writer)
+        try:
+            torch.save(state, writer)
+        except RuntimeError as exc:  # torch's zip writer reports a failed write (a full disk) as its own error
+            raise _os_error_in(exc) or exc
         handle.seek(0)
         handle.write(_header(writer.sha256.hexdigest(), writer.size))
     return target
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The ``OSError`` (ENOSPC...) behind ``exc`` in its chain of causes, if there is one."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:

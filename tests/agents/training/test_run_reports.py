@@ -317,3 +317,21 @@ def test_the_environment_workers_death_is_one_error_line_naming_how_it_ended(tmp
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
     assert errors[0].startswith("error: the environment worker (pid ") and errors[0].endswith("died: killed by SIGKILL")
+
+
+def test_a_really_full_small_filesystem_at_a_checkpoint_is_one_error_line(tmp_path, capsys):
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        assert main(tiny_argv(disk / "run", "--eval.questions", "0")) == 1
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: could not write the checkpoint {disk / 'run' / 'checkpoint.pt'}: No space left on device"], err
+    assert "Traceback" not in err
