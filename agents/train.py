@@ -56,11 +56,17 @@ STOPPED_EARLY = 3
 
 
 def parse_config(argv: Sequence[str]) -> Any:
-    """The :class:`~agents.training.config.TrainConfig` that ``argv`` describes.
+    """The :class:`~agents.training.config.TrainConfig` that ``argv`` describes (with ``--smoke``, shrunk:
+    :mod:`agents.training.smoke`).
 
     Raises ``ValueError`` (one line) for an unknown algorithm, flag or value, a missing recipe file, or a
     value the recipe leaves to the user (``???``) that is still unset.
     """
+    return _parse(argv)[0]
+
+
+def _parse(argv: Sequence[str]) -> tuple[Any, list[str]]:
+    """:func:`parse_config`'s config, and the lines the command prints about it (what ``--smoke`` changed)."""
     parser, choices = _parser(argv)
     algo = choices["algo"]
     from jsonargparse import ArgumentError as JsonArgumentError
@@ -78,7 +84,8 @@ def parse_config(argv: Sequence[str]) -> Any:
                             f"python -m agents.train --{flag} {name} --help lists them)")
         raise ValueError(message) from None
     values = namespace.clone(with_meta=False).as_dict()
-    values = {k: v for k, v in values.items() if k not in ("config", "import_")}
+    smoke = bool(values.get("smoke"))
+    values = {k: v for k, v in values.items() if k not in ("config", "import_", "smoke")}
     unset = [f"{group}.{name}" for group, fields in values.items() if isinstance(fields, dict)
              for name, value in fields.items() if value == MISSING]
     if unset:
@@ -86,7 +93,13 @@ def parse_config(argv: Sequence[str]) -> Any:
     values["algo"] = algo
     from agents.training.config import TrainConfig
 
-    return TrainConfig.from_dict(values)
+    config = TrainConfig.from_dict(values)
+    if not smoke:
+        return config, []
+    from agents.training.smoke import smoke_changes, smoke_line
+
+    changes = smoke_changes(config)
+    return config.updated(changes), [smoke_line(changes, config)]
 
 
 def _parser(argv: Sequence[str]) -> tuple[Any, dict[str, str]]:
@@ -110,11 +123,45 @@ def _parser(argv: Sequence[str]) -> tuple[Any, dict[str, str]]:
     parser.add_argument("--algo", default=algo, help=f"the algorithm (default: {DEFAULT_ALGO}, or the recipe's)")
     parser.add_argument("--import", dest="import_", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (its registered algorithms, rollout engines, backends, protocols and rewards can then be named)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a smoke run of the recipe: its steps, questions, samples, tokens, mini-batch, warm start "
+                             "and evaluation capped to a few (agents.training.smoke), everything else kept")
     for name, group_class in GROUPS.items():
         parser.add_class_arguments(group_class, nested_key=name, as_positional=False)
     for name, (_, group_class) in chosen.items():
         parser.add_class_arguments(group_class, nested_key=name, as_positional=False)
+    _plain_help(parser, {**GROUPS, **{name: group_class for name, (_, group_class) in chosen.items()}})
     return parser, choices
+
+
+#: Sphinx roles (``:class:`~a.b.C```, ``:mod:`a.b```, ``:func:`x <a.b.x>```) and inline literals in docstrings.
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+_LITERAL = re.compile(r"``(.*?)``")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without the Sphinx markup the docstrings hold, as a terminal shows it: a role keeps its
+    text (``:class:`~a.b.C``` is ``C``, ``:mod:`a.b``` is ``a.b``) and a literal its content."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return _LITERAL.sub(r"\1", text)
+
+
+def _plain_help(parser: Any, classes: dict[str, type]) -> None:
+    """``--help`` as a terminal shows it: each group titled with the whole first paragraph of its class's
+    docstring (jsonargparse takes its first line, which may stop mid-sentence), and the titles and the
+    options' help without Sphinx markup (:func:`plain_text`). The docstrings themselves keep it, for the
+    API documentation."""
+    import inspect
+
+    for group in parser._action_groups:
+        group_class = classes.get(getattr(group, "dest", None))
+        if group_class is not None and inspect.getdoc(group_class):
+            group.title = " ".join(inspect.getdoc(group_class).split("\n\n")[0].split()).rstrip(".:")
+        if group.title:
+            group.title = plain_text(group.title)
+    for action in parser._actions:
+        if isinstance(action.help, str):
+            action.help = plain_text(action.help)
 
 
 #: The choices that decide a group's fields: flag -> (the recipe's group, its field) and the default.
@@ -172,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     lock = None
     try:
-        config = parse_config(argv)
+        config, notes = _parse(argv)
+        if os.environ.get("RANK", "0") == "0":
+            for line in notes:
+                print(line, file=sys.stderr)
         from agents.training.run_checks import check_device, check_output_dir
         from agents.training.run_lock import lock_run_folder
 

@@ -24,6 +24,7 @@ from agents.training.backends import build_backend, training_dtype
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
 from agents.training.data import RunData, split_data
+from agents.training.devices import resolve_device
 from agents.training.trainer import Trainer
 from search_env import BatchSearchQAEnv
 
@@ -51,7 +52,7 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = (), da
     (train_examples, train_sources), held_out = split_data(config) if data is None else data.for_config(config)
     algorithm = lookup_algorithm(config.algo)(algorithm_config(config), max_new_tokens=config.env.max_new_tokens)
     policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed,
-                         dtype=policy_load_dtype(config)).to(config.run.device)
+                         dtype=policy_load_dtype(config)).to(resolve_device(config.run.device))
     if config.run.gradient_checkpointing:
         policy.set_gradient_checkpointing(True)
     backend = build_backend(config, policy, algorithm)
@@ -73,7 +74,7 @@ def policy_load_dtype(config: TrainConfig) -> torch.dtype:
     backend the frozen base in the run's precision (``run.dtype``), so a bf16 run holds it in half the
     memory (the adapters stay fp32)."""
     if config.model.lora_rank > 0 and config.run.backend == "torch":
-        return training_dtype(config.run.dtype, torch.device(config.run.device))
+        return training_dtype(config.run.dtype, torch.device(resolve_device(config.run.device)))
     return torch.float32
 
 

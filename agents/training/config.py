@@ -196,7 +196,10 @@ class RunConfig:
     Attributes:
         steps: training steps (each one rollout and its update).
         seed: seed of everything random in the run (model init, data order, sampling).
-        device: torch device of the models (``cpu``, ``cuda``, ``cuda:1`` ...).
+        device: torch device of the models: ``auto`` (CUDA when available - under ``torchrun`` the rank's
+            own GPU, ``LOCAL_RANK`` - else the CPU; :mod:`agents.training.devices`), ``cpu``, ``cuda``,
+            ``cuda:1`` ... The run's first line says which device and precision it trains in; a resume
+            compares the setting as given.
         backend: the training backend, a registered one (:mod:`agents.training.backends`): ``torch`` (one
             device), ``deepspeed`` (ZeRO-2/3) or ``fsdp`` (PyTorch's FSDP2), the last two data-parallel with
             one process per device under ``torchrun``.
@@ -245,7 +248,7 @@ class RunConfig:
 
     steps: int = field(default=100, metadata=RESUME_FREE)
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
     backend: str = "torch"
     dtype: str = "auto"
     gradient_checkpointing: bool = field(default=False, metadata=RESUME_FREE)
@@ -286,7 +289,7 @@ class RunConfig:
         except ImportError:
             return
         try:
-            torch.device(self.device)
+            torch.device("cpu" if self.device == "auto" else self.device)
         except RuntimeError as exc:
             raise ValueError(f"run.device {self.device!r} is not a torch device: {' '.join(str(exc).split())}") from None
 

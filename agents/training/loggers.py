@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from agents.training.result import TrainResult
     from agents.training.trainer import Trainer
 
-__all__ = ["JsonLinesLogger", "TensorBoardLogger", "WandbLogger", "loggers_for", "plot_curve", "read_metrics"]
+__all__ = ["JsonLinesLogger", "TensorBoardLogger", "WandbLogger", "draw_curve", "em_keys", "loggers_for", "plot_curve", "read_metrics"]
 
 
 class JsonLinesLogger(Callback):
@@ -112,11 +112,28 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def plot_curve(records: list[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """Plot training reward and held-out EM (greedy and sampled) against the step into a PNG.
+    """Plot training reward and held-out EM against the step into a PNG (:func:`draw_curve`)."""
+    import matplotlib.pyplot as plt
 
-    Reads ``reward`` and ``eval/greedy/em`` / ``eval/sampled/em`` from the records; a series with no
-    values is left out.
-    """
+    fig = draw_curve(records)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=100)
+    plt.close(fig)
+    return target
+
+
+def em_keys(records: list[Mapping[str, Any]]) -> list[str]:
+    """The held-out EM keys the records hold, whatever the evaluation's modes: ``eval/greedy/em``,
+    ``eval/sampled/em``, and with ``eval.by_hops`` ``eval/greedy/1-hop/em`` ...; greedy before sampled,
+    then by name."""
+    keys = {key for record in records for key in record if key.startswith("eval/") and key.endswith("/em")}
+    return sorted(keys, key=lambda key: ("sampled" in key, key))
+
+
+def draw_curve(records: list[Mapping[str, Any]]) -> Any:
+    """The curve's matplotlib figure: training reward (``reward``) on top, below it one line per held-out
+    EM key (:func:`em_keys`); a series with no values is left out."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display is needed or wanted
@@ -125,8 +142,8 @@ def plot_curve(records: list[Mapping[str, Any]], path: str | os.PathLike[str]) -
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     _series(top, records, "reward", "train reward (mean)")
     top.set_ylabel("reward")
-    for key, label in (("eval/greedy/em", "held-out EM, greedy"), ("eval/sampled/em", "held-out EM, sampled")):
-        _series(bottom, records, key, label, marker="o")
+    for key in em_keys(records):
+        _series(bottom, records, key, "held-out EM, " + key[len("eval/"):-len("/em")].replace("/", " "), marker="o")
     bottom.set_ylabel("exact match")
     bottom.set_xlabel("step")
     for axis in (top, bottom):
@@ -134,11 +151,7 @@ def plot_curve(records: list[Mapping[str, Any]], path: str | os.PathLike[str]) -
         if axis.lines:
             axis.legend(loc="best")
     fig.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=100)
-    plt.close(fig)
-    return target
+    return fig
 
 
 def _series(axis: Any, records: list[Mapping[str, Any]], key: str, label: str, **style: Any) -> None:

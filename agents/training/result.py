@@ -27,6 +27,9 @@ class TrainResult:
         steps_run / updated_steps / skipped_updates: the training steps this :meth:`Trainer.train` call
             took, how many of them changed the policy (at least one optimiser update applied), and the
             optimiser updates skipped for a non-finite gradient norm.
+        stopped: the call was stopped before it was done (Ctrl-C, or a callback's ``control.should_stop``):
+            short of its last step, or with its final evaluation cut; ``run.resume`` goes on from the
+            checkpoint. ``python -m agents.train`` then exits with status 3.
     """
 
     step: int
@@ -39,6 +42,12 @@ class TrainResult:
     steps_run: int = 0
     updated_steps: int = 0
     skipped_updates: int = 0
+    stopped: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run reached ``steps``: only then is its policy exported to ``policy_dir``."""
+        return self.step >= self.steps
 
     @property
     def metrics_path(self) -> Path:
@@ -63,5 +72,11 @@ class TrainResult:
                 lines += [f"searches failed in the evaluation ({', '.join(failed)}): those EMs count answers given "
                           "without the passages asked for; check the retriever", ""]
         lines += [f"curve:       {self.curve_path}", f"metrics:     {self.metrics_path}",
-                  f"checkpoint:  {self.checkpoint_path}", f"policy:      {self.policy_dir}"]
+                  f"checkpoint:  {self.checkpoint_path}"]
+        if self.finished:
+            lines.append(f"policy:      {self.policy_dir}")
+        else:  # the policy is exported at the last step; the checkpoint holds this one
+            lines.append(f"policy:      not exported before step {self.steps} (--run.resume true continues the run)")
+        if self.stopped:
+            lines.append(f"stopped early at step {self.step} of {self.steps}: --run.resume true goes on from the checkpoint")
         return "\n".join(lines)

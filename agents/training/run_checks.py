@@ -29,11 +29,14 @@ __all__ = ["check_device", "check_output_dir", "check_writable", "clear_previous
 
 
 def check_device(device: str) -> None:
-    """Raise ``ValueError`` (one line) when ``device`` is not a torch device available here."""
+    """Raise ``ValueError`` (one line) when ``device`` is not a torch device available here (``auto``: the
+    one :func:`~agents.training.devices.resolve_device` picks, always available)."""
     import torch
 
+    from agents.training.devices import resolve_device
+
     try:
-        parsed = torch.device(device)
+        parsed = torch.device(resolve_device(device))
     except RuntimeError as exc:
         raise ValueError(f"run.device {device!r} is not a torch device: {' '.join(str(exc).split())}") from None
     if parsed.type == "cuda":

@@ -61,6 +61,7 @@ from agents.training.result import TrainResult
 from agents.training.resume import check_settings, record_resume
 from agents.training.run_checks import prepare_output
 from agents.training.run_files import RunFiles
+from agents.training.run_reach import check_shared_output
 from agents.training.run_lock import RunLock, lock_run_folder
 from agents.training.run_stages import run_final, run_start
 from agents.training.run_state import RunState, check_format
@@ -172,6 +173,7 @@ class Trainer:
                 write_atomically(self.files.config, json.dumps(self.config.as_dict(), indent=2) + "\n")
                 clean_run_folder(self.files.checkpoint)
         self.backend.barrier()
+        check_shared_output(self.files.root, self.backend)  # several ranks: one folder that every rank sees
         watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
         failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
         self._call("on_run_start")
@@ -203,7 +205,8 @@ class Trainer:
         if self.step >= run.steps:
             self.export_policy(self.files.policy)
         result = TrainResult(self.step, run.steps, self.config.algo, dict(self.state.evaluations), self.files.root,
-                             self.files.checkpoint, self.files.policy, watch.steps, watch.updated_steps, watch.skipped)
+                             self.files.checkpoint, self.files.policy, watch.steps, watch.updated_steps, watch.skipped,
+                             stopped=self.control.should_stop)
         self._call("on_run_end", result)
         return result
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from agents.training.config import TrainConfig
+from agents.training.library_noise import hide_deepspeed_cpu_notice, ignore_deprecated_collective_warnings
 
 __all__ = ["deepspeed_config", "import_deepspeed", "share_master_weights"]
 
@@ -21,8 +22,11 @@ def import_deepspeed() -> Any:
 
     DeepSpeed's logger writes to the ``sys.stdout`` of the moment it is made, at import: it is imported
     with stdout pointing at stderr, so that its lines (the accelerator it picked, its warnings) stay off
-    the training command's stdout, which holds the run's own results.
+    the training command's stdout, which holds the run's own results; its CPU notice and the deprecation
+    warnings its collectives raise are filtered (:mod:`agents.training.library_noise`).
     """
+    hide_deepspeed_cpu_notice()
+    ignore_deprecated_collective_warnings()
     try:
         with redirect_stdout(sys.stderr):
             import deepspeed

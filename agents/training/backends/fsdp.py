@@ -48,6 +48,7 @@ from agents.training.backends.distributed import DataParallelBackend, check_worl
 from agents.training.backends.models import frozen_copy, trainable, trained_models
 from agents.training.backends.torch import TorchBackend
 from agents.training.config import TrainConfig
+from agents.training.devices import resolve_device
 
 if TYPE_CHECKING:
     from agents.learners import Algorithm
@@ -105,7 +106,7 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
                  with_reference: bool = False) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        on_gpu = torch.device(config.run.device).type == "cuda"
+        on_gpu = torch.device(resolve_device(config.run.device)).type == "cuda"
         init_process_group(on_gpu)
         device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self._join(device)
