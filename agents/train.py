@@ -258,6 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TrainingFailed, OSError, WorkerDied) as exc:  # diverged, a file it cannot write (a full disk), a dead env worker
         print(f"error: {_error_text(exc)}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:  # a collective that timed out: one line naming the rank that stopped answering
+        from agents.training.backends.distributed import as_rank_stopped
+
+        stopped = as_rank_stopped(exc)
+        if stopped is None:
+            raise
+        print(f"error: {stopped}", file=sys.stderr)
+        return 1
     finally:
         trainer.close_environments()
         if lock is not None:

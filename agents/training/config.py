@@ -244,6 +244,11 @@ class RunConfig:
             each update; computed anyway when the algorithm's ``entropy_coef`` uses it).
         allow_changes: settings (``group.field``, a whole ``group``, or ``all``) that a resume may change
             from the run's own; any other change is refused (see :mod:`agents.training.resume`).
+        collective_timeout_s: with several ranks, how long a rank waits in a collective for the others
+            before it stops with one line naming the rank that stopped answering (a hung or stopped rank
+            would otherwise block the rest for ever); long enough for the slowest step between two
+            collectives: a checkpoint, or an evaluation, which rank 0 runs while the others wait (the
+            default is torch's own for gloo). See :mod:`agents.training.backends.distributed`.
     """
 
     steps: int = field(default=100, metadata=RESUME_FREE)
@@ -266,11 +271,14 @@ class RunConfig:
     warn_failed_searches: float = field(default=0.5, metadata=RESUME_FREE)
     log_entropy: bool = field(default=True, metadata=RESUME_FREE)
     allow_changes: list[str] = field(default_factory=list, metadata=RESUME_FREE)
+    collective_timeout_s: float = field(default=1800.0, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
         check_positive("run", self, "steps", "num_threads", "log_every", "stop_after")
         check_positive("run", self, "save_every", "print_every", "sample_every", zero_ok=True)
-        check_finite("run", self, "warn_failed_searches")
+        check_finite("run", self, "warn_failed_searches", "collective_timeout_s")
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"run.collective_timeout_s must be > 0 seconds, got {self.collective_timeout_s}")
         if not 0 <= self.warn_failed_searches <= 1:
             raise ValueError(f"run.warn_failed_searches must be in [0, 1], got {self.warn_failed_searches}")
         if self.resume and self.overwrite:

@@ -21,8 +21,9 @@ are ``run.steps`` (unless a warm-up is a share of it), ``run.stop_after``, ``run
 ``run.log_entropy``, ``run.allow_changes``, ``run.overwrite``, ``run.print_every``, ``run.sample_every``,
 ``run.warn_failed_searches``, ``warm_start.save_every``, ``optim.max_skipped_updates`` (when a diverged
 run stops), ``eval.every``, ``eval.by_hops``, ``eval.periodic_sampled``, ``rollout.env_worker`` (the
-worker steps the same episodes) and ``run.gradient_checkpointing`` (a recomputation gives the same
-gradients). Everything else - the seed, data, protocol and reward, model, algorithm and its maths,
+worker steps the same episodes), ``run.gradient_checkpointing`` (a recomputation gives the same
+gradients) and ``run.collective_timeout_s`` (how long a rank waits for the others). Everything else - the
+seed, data, protocol and reward, model, algorithm and its maths,
 optimiser, warm start, held-out questions, device, backend and thread count (which change
 floating-point results) - is the run's meaning.
 """

@@ -15,8 +15,8 @@ no lock.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from agents.training.run_checks import check_writable
 from agents.training.run_files import LOCK_FILE
 
 __all__ = ["RunFolderBusy", "RunLock", "lock_run_folder"]
@@ -54,14 +54,13 @@ class RunLock:
 
 
 def lock_run_folder(directory: str | os.PathLike[str]) -> RunLock:
-    """Hold ``directory`` (created if needed) for this process's run: an exclusive lock on its
+    """Hold ``directory`` (created if needed, :func:`~agents.training.run_checks.check_writable`) for this process's run: an exclusive lock on its
     :data:`~agents.training.run_files.LOCK_FILE`, which names this process while it holds it.
 
     Raises:
         RunFolderBusy: another process holds it (one line naming that process and what to do).
     """
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = check_writable(directory)  # a folder that cannot be written is its one line, not the lock's
     key = os.path.realpath(folder)
     if key in _HELD:
         _HELD[key][1] += 1

@@ -136,7 +136,8 @@ class DeepSpeedBackend(DataParallelBackend):
 
         accelerator = get_accelerator()
         on_gpu = accelerator.device_name() not in ("cpu",)
-        init_process_group(on_gpu, lambda name: deepspeed.init_distributed(dist_backend=name, auto_mpi_discovery=False, verbose=False))
+        init_process_group(on_gpu, lambda name, timeout: deepspeed.init_distributed(
+            dist_backend=name, auto_mpi_discovery=False, verbose=False, timeout=timeout), timeout_s=config.run.collective_timeout_s)
         self._join(torch.device(accelerator.current_device_name()) if on_gpu else torch.device("cpu"))
         self.config = config
         self.stage = config.backend.zero_stage

@@ -107,7 +107,7 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         from torch.distributed.device_mesh import init_device_mesh
 
         on_gpu = torch.device(resolve_device(config.run.device)).type == "cuda"
-        init_process_group(on_gpu)
+        init_process_group(on_gpu, timeout_s=config.run.collective_timeout_s)
         device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self._join(device)
         self._mesh = init_device_mesh(device.type, (self._world,))
