@@ -54,7 +54,16 @@ from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
 from search_env.transition import Call, Stepping, Transition
 from search_env.types import Action, Info, Observation, StepResult, action_ids, observation_space
 
-__all__ = ["SearchQAEnv", "SearchRequest", "PlanRequest", "Request", "MAX_QUERY_CHARS"]
+__all__ = ["SearchQAEnv", "SearchRequest", "PlanRequest", "Request", "MAX_QUERY_CHARS", "prompt_text"]
+
+
+def prompt_text(protocol: Dialect, codec: TokenCodec, question: str, *, use_chat: bool | None = None) -> str:
+    """The prompt an episode of ``question`` starts from: the protocol's messages in the codec's chat
+    template (``use_chat``; ``None``: when the codec has one), else the protocol's plain prompt. A
+    function of its own so that a run can measure its prompts before it builds an environment or a model."""
+    if codec.chat_template if use_chat is None else use_chat:
+        return codec.render_chat(protocol.messages(question)) + protocol.assistant_prefix
+    return protocol.plain_prompt(question)
 
 _AGENT_ONLY = (AGENT,)
 _STEP_IN_PROGRESS = "a step is in progress: give it its results (take_results) and finish it (finish_step)"
@@ -374,9 +383,7 @@ class SearchQAEnv(gym.Env[Observation, Action]):
 
     def render_prompt(self, question: str) -> str:
         """The prompt text for ``question`` under this environment's protocol and tokenizer."""
-        if self.use_chat:
-            return self.codec.render_chat(self.protocol.messages(question)) + self.protocol.assistant_prefix
-        return self.protocol.plain_prompt(question)
+        return prompt_text(self.protocol, self.codec, question, use_chat=self.use_chat)
 
     @property
     def example(self) -> QAExample:

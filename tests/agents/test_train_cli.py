@@ -148,6 +148,7 @@ BAD_INPUT = {
     "unknown protocol": (["--env.protocol", "search-r2"], "unknown protocol 'search-r2'"),
     "resume without a checkpoint": (["--run.resume", "true"], "no checkpoint at"),
     "import of a missing module": (["--import", "no_such_module_xyz"], "--import no_such_module_xyz"),
+    "context below the prompt": (["--env.max_context", "40"], "env.max_context 40 leaves no room for an answer"),
 }
 
 
@@ -165,6 +166,28 @@ def test_bad_input_is_one_error_line(case, capsys, tmp_path, mismatched_model):
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert expected in err
+
+
+def test_a_context_below_the_prompt_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    import agents.training.build as build
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the prompts were measured")
+
+    monkeypatch.setattr(build, "load_policy", no_model)
+    assert main(["--env.max_context", "40", "--run.output_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    tokens = int(err.split("the longest prompt takes ")[1].split()[0])
+    assert 40 <= tokens and f"raise --env.max_context above {tokens}" in err, err
+    # one token of room is enough to start: the check refuses only a prompt that fills the context
+    from agents.training.run_checks import check_prompt_room
+    from agents.training.config import TrainConfig
+    from agents.policies.loading import load_codec
+    from search_env.data.example import QAExample
+
+    question = QAExample(id="q", question="Who founded Doszresk Holdings?", golden_answers=["Ann"])
+    config = TrainConfig().updated({"env.max_context": tokens + 1})
+    check_prompt_room(config, load_codec("tiny"), [question] * 3)  # a short question under a long one's room
 
 
 def test_a_short_run_prints_the_table_and_its_files(tmp_path, capsys):
