@@ -241,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         trainer = build_trainer(config)
     except (ValueError, KeyError, OSError, ImportError) as exc:  # bad input; anything else is a bug: traceback
-        print(f"error: {_error_text(exc)}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0" or not getattr(exc, "every_rank", False):  # said once per run
+            print(f"error: {_error_text(exc)}", file=sys.stderr)
         if lock is not None:
             lock.release()
         return 2

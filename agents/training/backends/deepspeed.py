@@ -77,8 +77,9 @@ from agents.learners.config import warmup_steps
 from agents.policies.policy import HFPolicy, PolicyOutput, ValueModel
 from agents.rollout.batch import TrainBatch
 from agents.training.backends.base import register_backend, split_micro_batches
-from agents.training.backends.deepspeed_setup import deepspeed_config, import_deepspeed, share_master_weights
-from agents.training.backends.distributed import DataParallelBackend, check_world, init_process_group, launcher_world_size
+from agents.training.backends.deepspeed_setup import deepspeed_config, import_deepspeed, saved_ranks, share_master_weights
+from agents.training.backends.distributed import (DataParallelBackend, EveryRankError, check_world, init_process_group,
+                                                  launcher_world_size)
 from agents.training.backends.models import frozen_copy, trainable, trained_models
 from agents.training.backends.schedules import warmup_schedule
 from agents.training.config import TrainConfig
@@ -417,6 +418,10 @@ class DeepSpeedBackend(DataParallelBackend):
         if not (folder / ENGINE_TAG).is_dir():
             raise ValueError(f"checkpoint folder {folder} holds no DeepSpeed engine checkpoint ({ENGINE_TAG}/): "
                              "it was written by another backend")
+        written = saved_ranks(folder / ENGINE_TAG)  # before the engine reads anything: its own errors come per rank
+        if written and written != self._world:
+            raise EveryRankError(f"checkpoint {folder} was written by {written} ranks; this run has {self._world}: "
+                                 f"resume it with {written} ranks (torchrun --nproc_per_node {written})")
         _, client = self.engine.load_checkpoint(str(folder), tag=ENGINE_TAG, load_module_strict=not self.policy.has_adapters)
         if client is None:
             raise ValueError(f"DeepSpeed could not load the checkpoint in {folder}")

@@ -1,9 +1,11 @@
 """What the DeepSpeed backend (:mod:`agents.training.backends.deepspeed`) asks of DeepSpeed before it trains:
-the package, imported quietly; the engine's config, derived from the run's; and master weights that share
-the parameter partition's memory where nothing is converted."""
+the package, imported quietly and without the CPU op it would compile (and lock) at every start; the
+engine's config, derived from the run's; master weights that share the parameter partition's memory where
+nothing is converted; and the number of ranks that wrote an engine checkpoint, read before it is loaded."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -14,7 +16,7 @@ import torch
 from agents.training.config import TrainConfig
 from agents.training.library_noise import hide_deepspeed_cpu_notice, ignore_deprecated_collective_warnings
 
-__all__ = ["deepspeed_config", "import_deepspeed", "share_master_weights"]
+__all__ = ["deepspeed_config", "import_deepspeed", "saved_ranks", "share_master_weights", "skip_shared_memory_op"]
 
 
 def import_deepspeed() -> Any:
@@ -32,7 +34,25 @@ def import_deepspeed() -> Any:
             import deepspeed
     except ImportError:
         raise ImportError("run.backend deepspeed needs the deepspeed package: pip install 'searchqa-gym[deepspeed]'") from None
+    skip_shared_memory_op(deepspeed)
     return deepspeed
+
+
+def skip_shared_memory_op(deepspeed: Any) -> None:
+    """Keep DeepSpeed from compiling its CPU shared-memory communication op when it starts its process group.
+
+    Why: DeepSpeed compiles that op (through torch's extension builder) in every process that joins a
+    group on a CPU, each time under a lock file in torch's extensions folder, even when it is built
+    already; a process killed during the build leaves the lock, and every later DeepSpeed run then waits
+    on it for ever, saying nothing. The op serves DeepSpeed's inference all-reduce only - training's
+    collectives are torch's own - so marking it unavailable (DeepSpeed's table of the ops this machine
+    can build, which its group start reads) changes nothing a run computes, and no lock is taken.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16_ok: bool,
@@ -122,3 +142,14 @@ def share_master_weights(optimizer: Any) -> None:
             (master.dtype, master.device, master.shape)
         if same_kind and master.numel() and master.untyped_storage().data_ptr() != partition.untyped_storage().data_ptr():
             master.data = partition.data
+
+
+#: A ZeRO engine's optimiser shard, one per data-parallel rank: ``[bf16_]zero_pp_rank_R_mp_rank_MM_optim_states.pt``.
+_OPTIM_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+def saved_ranks(tag_folder: Path) -> int:
+    """How many data-parallel ranks wrote the engine checkpoint in ``tag_folder`` (one optimiser shard each);
+    0 when it holds no shard to tell by. Read from the file names, before DeepSpeed opens any file."""
+    ranks = {int(m.group(1)) for p in Path(tag_folder).iterdir() if (m := _OPTIM_SHARD.match(p.name))}
+    return len(ranks)

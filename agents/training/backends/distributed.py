@@ -38,8 +38,8 @@ from agents.training.config import TrainConfig
 if TYPE_CHECKING:
     from agents.learners import BatchCounts
 
-__all__ = ["CollectiveBoard", "DataParallelBackend", "RankStopped", "as_rank_stopped", "check_world", "end_process_group",
-           "free_port", "init_process_group", "launcher_world_size", "watch_launcher"]
+__all__ = ["CollectiveBoard", "DataParallelBackend", "EveryRankError", "RankStopped", "as_rank_stopped", "check_world",
+           "end_process_group", "free_port", "init_process_group", "launcher_world_size", "watch_launcher"]
 
 #: How long a collective waits for the other ranks without ``run.collective_timeout_s`` (its default).
 DEFAULT_TIMEOUT_S = 1800.0
@@ -94,6 +94,13 @@ def watch_launcher(poll_s: float = LAUNCHER_POLL_S) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+class EveryRankError(ValueError):
+    """A bad setup that every rank finds alike (a checkpoint of another number of ranks): one line, which
+    ``python -m agents.train`` prints on rank 0 alone, so a run says it once, not once per rank."""
+
+    every_rank = True  #: what the command line reads (it tells without importing torch)
 
 
 class RankStopped(RuntimeError):

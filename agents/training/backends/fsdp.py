@@ -44,7 +44,8 @@ from torch.distributed.tensor import DTensor
 
 from agents.policies.policy import HFPolicy, ValueModel
 from agents.training.backends.base import register_backend, training_dtype
-from agents.training.backends.distributed import DataParallelBackend, check_world, init_process_group, launcher_world_size
+from agents.training.backends.distributed import (DataParallelBackend, EveryRankError, check_world, init_process_group,
+                                                  launcher_world_size)
 from agents.training.backends.models import frozen_copy, trainable, trained_models
 from agents.training.backends.torch import TorchBackend
 from agents.training.config import TrainConfig
@@ -262,8 +263,8 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         file = folder / rank_file(self._rank)
         state = load_checkpoint(file, map_location=self._device) if file.is_file() else {}
         if written != self._world or state.get("world_size") != self._world:
-            raise ValueError(f"checkpoint {folder} was written by {written} ranks; this run has {self._world} "
-                             "(resume with as many ranks)")
+            raise EveryRankError(f"checkpoint {folder} was written by {written} ranks; this run has {self._world}: "
+                                 f"resume it with {written} ranks (torchrun --nproc_per_node {written})")
         self._restore(file, state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -100,7 +100,9 @@ def test_a_stopped_two_rank_run_resumes_to_the_uninterrupted_policy_and_not_on_o
                                "--run.output_dir", str(tmp_path / "sliced"), "--run.resume", "true"],
                               cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=600)
     assert one_rank.returncode != 0
-    assert "was written by 2 ranks; this run has 1 (resume with as many ranks)" in one_rank.stderr.strip().splitlines()[-1]
+    assert one_rank.stderr.strip().splitlines()[-1] == (f"error: checkpoint {tmp_path / 'sliced' / 'checkpoints' / 'step-1'} "
+                                                         "was written by 2 ranks; this run has 1: resume it with 2 ranks "
+                                                         "(torchrun --nproc_per_node 2)")
     train_run("fsdp", tmp_path / "sliced", *flags, "--run.resume", "true")
     whole = AutoModelForCausalLM.from_pretrained(tmp_path / "whole" / "policy").state_dict()
     sliced = AutoModelForCausalLM.from_pretrained(tmp_path / "sliced" / "policy").state_dict()
