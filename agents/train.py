@@ -28,7 +28,7 @@ start, back to the last checkpoint), with a checkpoint that ``--run.resume true`
 status 3 ("stopped early"; a callback that stops the run gives it too). A Ctrl-C while the model loads
 prints one line and exits with status 3 as well. ``--run.stop_after N``, a planned stop, exits 0.
 
-The first line on stderr says where the run trains: ``--run.device auto`` (the default) is the GPU when
+Once its models are built, the run's first line (on stderr) says where it trains: ``--run.device auto`` (the default) is the GPU when
 CUDA is available (each rank's own under ``torchrun``) and the CPU otherwise.
 
 In Python, :func:`agents.training.build.build_trainer` assembles what the command runs from a
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         check_device(config.run.device)
         check_output_dir(config.run)
-        _say_where(config)
+        _check_reach(config)
         if os.environ.get("RANK", "0") == "0":  # one run in the folder at a time (a launcher's rank 0 holds it)
             lock = lock_run_folder(config.run.output_dir)
         from search_env.console import progress_enabled
@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from agents.training.build import build_trainer
 
         trainer = build_trainer(config)
+        _say_where(config, trainer)
     except (ValueError, KeyError, OSError, ImportError) as exc:  # bad input; anything else is a bug: traceback
         if os.environ.get("RANK", "0") == "0" or not getattr(exc, "every_rank", False):  # said once per run
             print(f"error: {_error_text(exc)}", file=sys.stderr)
@@ -276,22 +277,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return STOPPED_EARLY if result.stopped else 0
 
 
-def _say_where(config: Any) -> None:
-    """Before the model loads (rank 0): the run's first line, the device and precision it trains in, and
-    the warnings for a GPU it leaves idle; then a retrieval server it cannot reach ends it (one line).
-    DeepSpeed's CPU notice, which a plain run would print as it exports the policy, is kept off."""
-    from agents.training.devices import device_line, device_warnings
+def _check_reach(config: Any) -> None:
+    """Before the model loads: a retrieval server the run cannot reach ends it (one line). DeepSpeed's CPU
+    notice, which a plain run would print as it exports the policy, is kept off from here on."""
     from agents.training.library_noise import hide_deepspeed_cpu_notice
     from agents.training.run_reach import check_retrieval_servers
 
     hide_deepspeed_cpu_notice()
-    if os.environ.get("RANK", "0") == "0":
-        from agents.training.backends.distributed import launcher_world_size
-
-        for line in [device_line(config.run, launcher_world_size()), *device_warnings(config.run.device)]:
-            print(line, file=sys.stderr)
     if config.data.retrieval_url is not None:
         check_retrieval_servers(config.data.retrieval_url)
+
+
+def _say_where(config: Any, trainer: Any) -> None:
+    """The run's first line once it is built (rank 0): the device and precision it trains in, and the
+    warnings for a GPU it leaves idle (:mod:`agents.training.devices`)."""
+    from agents.training.devices import device_line, device_warnings
+
+    backend = trainer.backend
+    if backend.rank == 0:
+        for line in [device_line(config.run, backend.device, backend.world_size), *device_warnings(config.run.device)]:
+            print(line, file=sys.stderr)
 
 
 def _error_text(exc: BaseException) -> str:

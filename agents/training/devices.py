@@ -3,7 +3,7 @@
 ``run.device: auto`` (the default) is CUDA when this process can use it and the CPU otherwise; under
 ``torchrun`` each rank takes its own GPU (``LOCAL_RANK``). The setting is stored as given (``auto`` in the
 run's ``config.json``), so a resume on the same machine compares equal; :func:`resolve_device` is what the
-models are moved to. :func:`device_line` is the run's first line (device, GPU name, precision), and
+models are moved to. :func:`device_line` is the run's first line once its models are built (device, GPU name, precision), and
 :func:`device_warnings` the lines for a run that leaves a GPU idle: CUDA available but ``run.device: cpu``
 chosen, or a CPU-only build of PyTorch on a machine that has NVIDIA GPUs (``pip`` pinned the CPU wheel).
 """
@@ -58,15 +58,12 @@ def device_warnings(setting: str) -> list[str]:
     return lines
 
 
-def device_line(run: RunConfig, world_size: int = 1) -> str:
-    """What a run computes on, in one line: the device (and GPU's name), the precision ``run.dtype``
-    gives there, and the backend with its ranks."""
+def device_line(run: RunConfig, device: torch.device, world_size: int = 1) -> str:
+    """What a run computes on, in one line: ``device`` (the backend's, and the GPU's name), the precision
+    ``run.dtype`` gives there, and the backend with its ranks."""
     from agents.training.backends import training_dtype
 
-    device = torch.device(resolve_device(run.device))
-    name = ""
-    if device.type == "cuda":
-        name = f" ({torch.cuda.get_device_name(device)})"
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     dtype = {torch.bfloat16: "bf16", torch.float32: "fp32"}[training_dtype(run.dtype, device)]
     setting = f"run.device {run.device}: " if run.device == AUTO else ""
     ranks = f", {world_size} ranks (each its own device)" if world_size > 1 else ""

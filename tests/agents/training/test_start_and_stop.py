@@ -78,12 +78,13 @@ def test_warnings_for_an_idle_gpu(monkeypatch):
 
 
 def test_the_first_line_names_device_and_precision(tmp_path, capsys):
-    assert device_line(RunConfig()) == "run.device auto: training on cpu, dtype fp32 (run.dtype auto), backend torch"
-    assert device_line(RunConfig(device="cpu", dtype="bf16", backend="fsdp"), 2) == (
+    cpu = torch.device("cpu")
+    assert device_line(RunConfig(), cpu) == "run.device auto: training on cpu, dtype fp32 (run.dtype auto), backend torch"
+    assert device_line(RunConfig(device="cpu", dtype="bf16", backend="fsdp"), cpu, 2) == (
         "training on cpu, dtype bf16 (run.dtype bf16), backend fsdp, 2 ranks (each its own device)")
     assert main(tiny_argv(tmp_path, "--run.steps", "1", "--eval.questions", "0")) == 0
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == device_line(RunConfig())
+    assert err.splitlines()[0] == device_line(RunConfig(), cpu)
     assert "Setting accelerator to CPU" not in err  # DeepSpeed's notice, imported by accelerate at the export
 
 

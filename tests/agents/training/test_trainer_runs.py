@@ -170,6 +170,7 @@ def test_ctrl_c_during_the_final_evaluation_keeps_the_run_and_a_resume_evaluates
     config = small_config("grpo", tmp_path, {"run.steps": 2})
     _, stopped = run(config, callbacks=[_CtrlCAtFinal()])
     assert stopped.step == 2 and "final" not in stopped.evaluations  # no traceback: train() returned
+    assert stopped.stopped and "not exported" not in stopped.report()  # stopped early, with its policy written
     assert "stopped during the final evaluation" in capsys.readouterr().err
     _, resumed = run(config.updated({"run.resume": True}))
     assert resumed.step == 2 and set(resumed.evaluations["final"]) == {"greedy", "sampled"}
