@@ -288,3 +288,44 @@ def test_every_panel_of_a_by_hops_curve_has_data(tmp_path):
     assert labels["held-out EM, sampled 1-hop"] == 2  # start and final
     assert all(count > 0 for count in labels.values()) and len(labels) == len(keys)
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+# -- other libraries' console noise -------------------------------------------------------------------
+def test_deepspeeds_cpu_notice_and_the_collectives_deprecation_are_filtered_narrowly():
+    import logging
+    import warnings
+
+    from agents.training.library_noise import hide_deepspeed_cpu_notice, ignore_deprecated_collective_warnings
+
+    logger, seen = logging.getLogger("DeepSpeed"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        hide_deepspeed_cpu_notice()
+        hide_deepspeed_cpu_notice()  # once is enough: no second filter
+        logger.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        logger.warning("Setting ds_accelerator to cuda (auto detect)")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Setting ds_accelerator to cuda (auto detect)"] and len(logger.filters) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ignore_deprecated_collective_warnings()
+        import torch.distributed.c10d_logger as c10d_logger
+
+        for message, category in (("`torch.distributed.all_gather_into_tensor` is deprecated. Please use x", FutureWarning),
+                                  ("`torch.distributed.reduce_scatter_tensor` is deprecated.", FutureWarning)):
+            warnings.warn_explicit(message, category, c10d_logger.__file__, 83, module="torch.distributed.c10d_logger")
+    assert [str(w.message) for w in caught] == ["`torch.distributed.reduce_scatter_tensor` is deprecated."]
+
+
+@pytest.mark.slow
+def test_a_two_rank_deepspeed_run_prints_the_device_line_and_no_library_noise(tmp_path):
+    skip_without("deepspeed")
+    from tests.agents.training.torchrun import TINY_RUN, torchrun
+
+    done = torchrun(2, "-m", "agents.train", "--run.backend", "deepspeed", *TINY_RUN, "--run.output_dir", str(tmp_path / "run"))
+    assert done.stderr.splitlines()[0] == ("run.device auto: training on cpu, dtype fp32 (run.dtype auto), backend deepspeed, "
+                                           "2 ranks (each its own device)")
+    assert "Setting accelerator to CPU" not in done.stderr and "FutureWarning" not in done.stderr, done.stderr
