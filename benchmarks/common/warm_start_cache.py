@@ -80,8 +80,11 @@ class WarmStart:
 
 def cache_key(config: TrainConfig) -> dict[str, Any]:
     """Every setting the warm start of ``config`` may depend on, as plain JSON values keyed ``group.field``
-    (``algo`` alone): the whole config less :data:`NOT_IN_KEY`, and ``torch`` (the version)."""
+    (``algo`` alone): the whole config less :data:`NOT_IN_KEY`, and ``torch`` (the version). ``run.device``
+    is the device it resolves to here (``auto`` is the GPU on one machine and the CPU on another)."""
     import torch
+
+    from agents.training.devices import resolve_device
 
     flat: dict[str, Any] = {}
     for group, values in config.as_dict().items():
@@ -90,6 +93,7 @@ def cache_key(config: TrainConfig) -> dict[str, Any]:
         else:
             flat[group] = values
     key = {name: value for name, value in flat.items() if name not in NOT_IN_KEY and name.split(".")[0] not in NOT_IN_KEY}
+    key["run.device"] = resolve_device(config.run.device)
     key["torch"] = torch.__version__
     return json.loads(json.dumps(key, default=str))  # plain lists and numbers, as the record file gives them back
 

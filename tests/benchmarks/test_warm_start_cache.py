@@ -35,6 +35,18 @@ def test_a_setting_that_changes_the_warm_starts_weights_changes_the_key(change: 
     assert cache_key(_config(change)) != cache_key(_config())
 
 
+def test_the_key_holds_the_device_auto_resolves_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from benchmarks.common.warm_start_cache import cache_key
+
+    assert cache_key(_config())["run.device"] == "cpu"
+    assert cache_key(_config({"run.device": "cpu"})) == cache_key(_config())  # the same weights here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cache_key(_config())["run.device"] == "cuda:0"
+
+
 @pytest.mark.parametrize("change", [{"run.output_dir": "elsewhere"}, {"eval.every": 7}, {"eval.questions": 3},
                                     {"run.report_to": []}, {"run.steps": 3}, {"optim.learning_rate": 1e-3},
                                     {"rollout.temperature": 0.5}, {"warm_start.save_every": 2}])
