@@ -223,8 +223,10 @@ class RunConfig:
             (checked when the run starts, before any model is loaded by the command line).
         resume: continue the run whose checkpoint is in ``output_dir``, exactly where it stopped.
         overwrite: start a new run in an ``output_dir`` that already holds one (a ``metrics.jsonl`` or
-            ``checkpoint.pt``), replacing its logs, samples and checkpoint; without it (or ``resume``)
-            such a run is refused, so that an earlier run is never lost by a repeated command.
+            ``checkpoint.pt``), whose files are all removed as the new run starts, so the folder holds the
+            new run only, even when it dies early (:data:`~agents.training.run_files.REPLACED_BY_NEW_RUN`);
+            without it (or ``resume``) such a run is refused, so that an earlier run is never lost by a
+            repeated command.
         stop_after: end this invocation after this many steps in all (checkpointed; a later ``resume``
             continues to ``steps``), e.g. to run in slices on a machine that is lent for a while.
         save_every: write a checkpoint every this many steps (one is always written at the end; 0: only then).
