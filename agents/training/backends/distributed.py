@@ -169,7 +169,20 @@ def as_rank_stopped(exc: BaseException) -> RankStopped | None:
         return exc
     if _board is None or not isinstance(exc, RuntimeError) or not _COLLECTIVE_FAILURE.search(str(exc)):
         return None
+    if not _raised_in_torch_distributed(exc):  # a timeout of something else (a search, a file) is not a rank's
+        return None
     return _board.stopped()
+
+
+def _raised_in_torch_distributed(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised from within ``torch.distributed`` (a collective's wait)."""
+    marker = os.path.join("torch", "distributed", "")
+    traceback = exc.__traceback__
+    while traceback is not None:
+        if marker in traceback.tb_frame.f_code.co_filename:
+            return True
+        traceback = traceback.tb_next
+    return False
 
 
 @contextmanager
