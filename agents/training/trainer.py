@@ -55,6 +55,7 @@ from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
 from agents.training.evaluation import EvalResult, evaluate, questions_by_hops, reward_component_means, summarize
 from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
+from agents.training.library_noise import hide_deepspeed_cpu_notice
 from agents.training.loggers import loggers_for
 from agents.training.rank_metrics import all_rank_metrics
 from agents.training.result import TrainResult
@@ -230,6 +231,7 @@ class Trainer:
     def export_policy(self, directory: str | Path) -> Path:
         """Write the policy as a standard transformers model folder (weights, config, tokenizer); with
         several ranks, rank 0 writes it (a sharded engine's weights gathered first)."""
+        hide_deepspeed_cpu_notice()  # transformers' save imports deepspeed through accelerate: its CPU notice is noise
         with self.backend.generation():
             if self.backend.rank == 0:
                 self.policy.save_pretrained(directory)
