@@ -4,12 +4,15 @@
     python -m agents.train --config agents/configs/search-r1-grpo.yaml --model.name ~/models/qwen2.5-3b \\
         --data.dataset ../shared/data/hotpotqa_train_sample.jsonl --data.corpus ../shared/data/corpus.jsonl
     python -m agents.train --algo ppo --run.steps 200 --eval.every 20 --run.output_dir runs/ppo --run.resume true
+    python -m agents.train --config agents/configs/search-r1-grpo.yaml --model.name smollm2 --smoke   # a trial of minutes
 
 Flags follow the config's groups (:mod:`agents.training.config`): ``--GROUP.FIELD VALUE``. Three choices
 decide a group's fields: ``--algo NAME`` the ``algorithm`` group (``--algo ppo --help`` lists PPO's),
 ``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group. ``--config recipe.yaml`` loads a recipe first; flags after it override it. ``--import
 MODULE`` imports a module before anything is read, so the algorithms, protocols and rewards it registers
-can be named (rollout engines and backends too). Parsing is jsonargparse's.
+can be named (rollout engines and backends too). ``--smoke`` shrinks the recipe to a trial of minutes and
+keeps the rest of it (:mod:`agents.training.smoke`), saying in one line what it changed. Parsing is
+jsonargparse's; ``--help`` shows the docstrings it reads without their Sphinx markup.
 
 Bad input - an unknown algorithm or flag (with the nearest known flag), a bad value, a missing model,
 dataset or corpus file, a tokenizer of another model, a device this machine lacks, an output folder that
