@@ -69,7 +69,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -78,14 +78,10 @@ from agents.policies.policy import HFPolicy, PolicyOutput, ValueModel
 from agents.rollout.batch import TrainBatch
 from agents.training.backends.base import register_backend, split_micro_batches
 from agents.training.backends.deepspeed_setup import deepspeed_config, import_deepspeed, saved_ranks, share_master_weights
-from agents.training.backends.distributed import (DataParallelBackend, EveryRankError, check_world, init_process_group,
-                                                  launcher_world_size)
-from agents.training.backends.models import frozen_copy, trainable, trained_models
+from agents.training.backends.distributed import DataParallelBackend, EveryRankError, init_process_group
+from agents.training.backends.models import frozen_copy, trainable
 from agents.training.backends.schedules import warmup_schedule
 from agents.training.config import TrainConfig
-
-if TYPE_CHECKING:
-    from agents.learners import Algorithm
 
 __all__ = ["DeepSpeedBackend", "DeepSpeedOptions"]
 
@@ -174,13 +170,6 @@ class DeepSpeedBackend(DataParallelBackend):
         self._supervised: dict[str, Any] | None = None
         self._supervised_resume_steps = 0  # a checkpointed warm start's schedule position, for the next block
 
-    @classmethod
-    def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> DeepSpeedBackend:
-        """A separate critic (PPO without a value head) starts as a copy of the policy's model
-        (:func:`~agents.training.backends.models.trained_models`). A world size that does not divide
-        ``rollout.questions_per_step`` (a question's group is never split between ranks) is one line."""
-        check_world(config, launcher_world_size())
-        return cls(policy, config, **trained_models(config, policy, algorithm).options())
 
     def _trained_engine(self, model: torch.nn.Module, learning_rate: float,
                         warmup: int) -> tuple[Any, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:

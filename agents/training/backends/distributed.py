@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from agents.training.backends.base import TrainingBackend
+from agents.training.backends.models import trained_models
 from agents.training.config import TrainConfig
 
 if TYPE_CHECKING:
-    from agents.learners import BatchCounts
+    from agents.learners import Algorithm, BatchCounts
+    from agents.policies.policy import HFPolicy
 
 __all__ = ["CollectiveBoard", "DataParallelBackend", "EveryRankError", "RankStopped", "as_rank_stopped", "check_world",
            "end_process_group", "free_port", "init_process_group", "launcher_world_size", "watch_launcher"]
@@ -237,6 +239,14 @@ class DataParallelBackend(TrainingBackend):
     _rank: int = 0
     _world: int = 1
     _device: torch.device = torch.device("cpu")
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> DataParallelBackend:
+        """A separate critic (PPO without a value head) starts as a copy of the policy's model
+        (:func:`~agents.training.backends.models.trained_models`). A world size that does not divide
+        ``rollout.questions_per_step`` (a question's group is never split between ranks) is one line."""
+        check_world(config, launcher_world_size())
+        return cls(policy, config, **trained_models(config, policy, algorithm).options())
 
     def _join(self, device: torch.device) -> None:
         import torch.distributed as dist

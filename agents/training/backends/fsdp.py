@@ -36,7 +36,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -44,15 +44,11 @@ from torch.distributed.tensor import DTensor
 
 from agents.policies.policy import HFPolicy, ValueModel
 from agents.training.backends.base import register_backend, training_dtype
-from agents.training.backends.distributed import (DataParallelBackend, EveryRankError, check_world, init_process_group,
-                                                  launcher_world_size)
-from agents.training.backends.models import frozen_copy, trainable, trained_models
+from agents.training.backends.distributed import DataParallelBackend, EveryRankError, init_process_group
+from agents.training.backends.models import frozen_copy, trainable
 from agents.training.backends.torch import TorchBackend
 from agents.training.config import TrainConfig
 from agents.training.devices import resolve_device
-
-if TYPE_CHECKING:
-    from agents.learners import Algorithm
 
 __all__ = ["FSDPBackend", "FSDPOptions", "decoder_layers", "rank_file"]
 
@@ -129,13 +125,6 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         self._supervised_loss = 0.0  # a warm-start step's loss so far, to check that every rank has the same
         self._whole = False  # within generation(): every unit gathered whole
 
-    @classmethod
-    def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> FSDPBackend:
-        """A separate critic (PPO without a value head) starts as a copy of the policy's model
-        (:func:`~agents.training.backends.models.trained_models`). A world size that does not divide
-        ``rollout.questions_per_step`` (a question's group is never split between ranks) is one line."""
-        check_world(config, launcher_world_size())
-        return cls(policy, config, **trained_models(config, policy, algorithm).options())
 
     def _shard(self, trunk: nn.Module, head: nn.Module | None, root_reshard: bool = False) -> list[nn.Module]:
         """Shard ``trunk`` layer by layer with itself as the root unit, and ``head`` (a value head, called
