@@ -1,6 +1,7 @@
 """One rank of :func:`agents.training.run_reach.check_shared_output` under ``torchrun`` (gloo):
-``python -m tests.agents.training.shared_folder_rank FOLDER shared|apart`` checks FOLDER on every rank, or
-FOLDER followed by the rank's number (a folder per rank), and prints ``ok`` or the error line."""
+``python -m tests.agents.training.shared_folder_rank FOLDER shared|apart REPORTS`` checks FOLDER on every rank, or
+FOLDER followed by the rank's number (a folder per rank), and writes ``ok`` or the error line to REPORTS/rank<N>.txt
+(a file per rank: two ranks printing to the launcher's one pipe can interleave their lines)."""
 from __future__ import annotations
 
 import os
@@ -32,16 +33,19 @@ class _Ranks:
 
 
 def main() -> int:
-    folder, mode = sys.argv[1], sys.argv[2]
+    folder, mode, reports = sys.argv[1], sys.argv[2], sys.argv[3]
     ranks = _Ranks()
     if mode == "apart":
         folder += str(ranks.rank)
     os.makedirs(folder, exist_ok=True)
     try:
         check_shared_output(folder, ranks)
-        print("ok", flush=True)
+        outcome = "ok"
     except ValueError as exc:
-        print(f"error: {exc}", flush=True)
+        outcome = f"error: {exc}"
+    os.makedirs(reports, exist_ok=True)
+    with open(os.path.join(reports, f"rank{ranks.rank}.txt"), "w", encoding="utf-8") as report:
+        report.write(outcome)
     return 0
 
 

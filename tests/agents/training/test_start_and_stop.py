@@ -175,10 +175,11 @@ def test_two_gloo_ranks_in_different_folders_fail_at_start(tmp_path):
     outputs = {}
     for mode in ("shared", "apart"):
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                   "--master_port", str(free_port()), "-m", "tests.agents.training.shared_folder_rank", str(tmp_path / "out"), mode]
+                   "--master_port", str(free_port()), "-m", "tests.agents.training.shared_folder_rank", str(tmp_path / "out"), mode,
+                   str(tmp_path / mode)]
         done = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
-        outputs[mode] = sorted(done.stdout.split("\n")[:-1])
+        outputs[mode] = [(tmp_path / mode / f"rank{rank}.txt").read_text(encoding="utf-8") for rank in (0, 1)]
     assert outputs["shared"] == ["ok", "ok"]
     assert len(outputs["apart"]) == 2 and all("rank(s) 1 do not see" in line for line in outputs["apart"])
 
