@@ -333,6 +333,20 @@ def test_learning_reads_the_demo_recipe_with_typed_changes(capsys: pytest.Captur
     assert exit_info.value.code == 2 and "GROUP.FIELD=VALUE" in capsys.readouterr().err
 
 
+def test_learning_runs_the_readme_pair_and_ten_fresh_pairs_by_default() -> None:
+    """The default list is the README's pair and ten pairs that share no seed or world with it, with the
+    earlier untuned pairs, or with one another: a benchmark of the warm start's robustness on seeds that
+    did not choose the recipe."""
+    skip_without(*NEEDS["benchmarks.learning"])
+    from benchmarks.learning import FRESH_PAIRS, README_PAIR, UNTUNED_PAIRS, default_pairs
+
+    assert len(FRESH_PAIRS) >= 10
+    seeds = [p.seed for p in (README_PAIR, *UNTUNED_PAIRS, *FRESH_PAIRS)]
+    worlds = [w for p in (README_PAIR, *UNTUNED_PAIRS, *FRESH_PAIRS) for w in (p.world_seed, p.eval_world_seed)]
+    assert len(set(seeds)) == len(seeds) and len(set(worlds)) == len(worlds)
+    assert default_pairs() == [str(p) for p in (README_PAIR, *FRESH_PAIRS)]
+
+
 def test_learning_runs_the_recipe_through_the_trainer_and_records_its_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     skip_without(*NEEDS["benchmarks.learning"])
     from benchmarks.learning import main
