@@ -22,6 +22,13 @@ and the rows get copies of the result.
 Stop strings are found on the exact bytes of the sampled ids: only ids whose bytes hold the last byte
 of a stop string (a table built once per protocol) get a byte-level look, so the per-step cost is a few
 tensor ops on the whole batch.
+
+Every episode draws from a random stream of its own, keyed by the sampler's seed and the episode's index
+(:func:`row_keys`): its k-th token takes the k-th number of that stream (:func:`uniforms`, counter-based,
+so no generator state is shared between rows). A row's tokens therefore do not depend on which rows share
+its batch or when they stop: the same rows sampled together, in smaller batches, or on other
+data-parallel ranks (each starting at its share's ``first_row``) draw the same tokens, up to the float
+rounding a batch's shape may change in the logits.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -40,7 +48,7 @@ from search_env.data.example import QAExample
 from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
-__all__ = ["HFSampler", "StopScanner", "cache_keyword"]
+__all__ = ["HFSampler", "StopScanner", "cache_keyword", "row_keys", "uniforms"]
 
 #: Set idle rows aside once they are at least this share of the decoding batch.
 PARK_FRACTION = 0.25
@@ -184,6 +192,34 @@ class StopScanner:
         return any(window.find(s, max(0, len(head) - len(s) + 1)) != -1 for s in self.stops)
 
 
+#: SplitMix64's constants (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", 2014),
+#: as the signed 64-bit integers torch holds; its multiplications wrap as the unsigned ones do.
+_GOLDEN, _MIX1, _MIX2 = (c - 2**64 for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """``z >> bits`` of the unsigned 64-bit integers ``z`` holds (torch shifts signed integers arithmetically)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def row_keys(seed: int, first_row: int, rows: int) -> list[int]:
+    """The stream keys of episodes ``first_row`` .. ``first_row + rows - 1`` of a rollout seeded by ``seed``:
+    64-bit integers (signed, as torch holds them) from NumPy's ``SeedSequence([seed, row])``."""
+    states = [np.random.SeedSequence([seed, row]).generate_state(1, dtype=np.uint64) for row in range(first_row, first_row + rows)]
+    return [int(state.view(np.int64)[0]) for state in states]
+
+
+def uniforms(keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Number ``draws[i]`` (counted from 0) of the SplitMix64 stream seeded by ``keys[i]``, as a float32 in
+    [0, 1) with 24 random bits: counter-based, so each row's numbers depend on its key and count alone.
+    ``keys`` and ``draws`` are int64 tensors of one shape, on any device."""
+    z = keys + (draws + 1) * _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return _shift_right(z, 40).to(torch.float32) * 2.0**-24
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """The name ``model.forward`` takes its KV cache by: transformers 5.24 renamed ``past_key_values`` to
     ``cache`` (the old name still works, with a deprecation warning on every call)."""
@@ -199,7 +235,12 @@ class HFSampler:
         top_p: nucleus sampling (1.0: off). The recorded log-probs stay those of the full tempered
             distribution, which is what :meth:`HFPolicy.forward` computes.
         greedy: take the most likely id (log-probs still recorded at ``temperature``).
-        seed: seed of the sampler's own random generator (the global RNG is not used).
+        seed: the rollout's seed (the global RNG is not used).
+        first_row: the index of the sampler's first episode in the rollout's whole batch (on a
+            data-parallel rank, where the rank's share starts). Episode ``first_row + i`` samples from the
+            stream keyed by (``seed``, ``first_row + i``), where ``i`` counts the rows of every
+            :meth:`begin` in turn (a rollout's waves), so the batches a rollout is split into change no
+            episode (module docstring).
 
     ``generate`` must be asked for every row still running (the rollout does). Dropout is off while
     sampling: the model is in eval mode from ``begin`` until the last row has finished, then back in
@@ -207,15 +248,19 @@ class HFSampler:
     rollout, :meth:`context_ids` gives the ids each row's cache was built from, to check token-in/token-out.
     """
 
-    def __init__(self, policy: HFPolicy, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, seed: int = 0) -> None:
+    def __init__(self, policy: HFPolicy, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, seed: int = 0,
+                 first_row: int = 0) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (use greedy=True for greedy decoding), got {temperature}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        if first_row < 0:
+            raise ValueError(f"first_row must be >= 0, got {first_row}")
         self.policy, self.model, self.codec = policy, policy.model, policy.codec
         self.temperature, self.top_p, self.greedy = float(temperature), float(top_p), greedy
         self.device = next(policy.model.parameters()).device
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.seed = seed
+        self._next_row = first_row  # the rollout index of the next begin()'s first row
         self._pad = self.codec.pad_id
         self._eos = torch.zeros(self.codec.vocab_size, dtype=torch.bool, device=self.device)
         self._eos[list(self.codec.eos_ids)] = True
@@ -239,6 +284,9 @@ class HFSampler:
         self._turn_bytes = [b""] * n  # the last bytes the row wrote since the environment last spoke
         self._finished: set[int] = set()
         self._contexts: dict[int, list[int]] = {}
+        self._keys = torch.tensor(row_keys(self.seed, self._next_row, n), dtype=torch.long, device=self.device)
+        self._draws = torch.zeros(n, dtype=torch.long, device=self.device)  # numbers each row's stream gave so far
+        self._next_row += n
         empty = torch.zeros((n, 0), dtype=torch.long, device=self.device)
         self._kv = _KVBatch(_cache(self.model.config), empty, empty.clone(),
                             torch.arange(n, device=self.device), torch.zeros(n, dtype=torch.long, device=self.device))
@@ -351,8 +399,9 @@ class HFSampler:
         positions = kv.pos[:, None] + offsets.clamp(min=0)
         return self._forward(kv, block, (offsets >= 0).long(), positions)
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One id per row and its log-prob under the tempered distribution.
+    def _sample(self, logits: torch.Tensor, rows: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One id per row and its log-prob under the tempered distribution; ``rows`` are the episode rows
+        of ``logits``' rows, ``draws`` how many numbers each has taken from its stream before.
 
         Sampling inverts the cumulative distribution with one uniform number per row (``multinomial``
         draws an exponential variate per vocabulary entry, many times slower on a CPU)."""
@@ -360,15 +409,17 @@ class HFSampler:
         if self.greedy:
             ids = logp.argmax(-1)
         else:
-            probs, order = logp.exp(), None
+            probs = logp.exp()
             if self.top_p < 1:
-                probs, order = probs.sort(dim=-1, descending=True)
-                # Keep the most likely ids until their mass reaches top_p (always at least one).
-                probs = probs.masked_fill(probs.cumsum(-1) - probs >= self.top_p, 0.0)
+                ranked, order = probs.sort(dim=-1, descending=True)
+                # Keep the most likely ids until their mass reaches top_p (always at least one). The
+                # distribution stays in id order: sorted, ids of nearly equal probability would swap
+                # places at a rounding difference of the logits and take each other's samples.
+                dropped = ranked.cumsum(-1) - ranked >= self.top_p
+                probs = probs.masked_fill(torch.empty_like(dropped).scatter_(-1, order, dropped), 0.0)
             cdf = probs.cumsum(-1)
-            u = torch.rand((len(cdf), 1), generator=self.generator, device=self.device) * cdf[:, -1:]
-            ids = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)
-            ids = (ids if order is None else order.gather(-1, ids)).squeeze(-1)
+            u = uniforms(self._keys[rows], draws)[:, None] * cdf[:, -1:]
+            ids = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1).squeeze(-1)
         return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
 
     def _decode(self, kv: _KVBatch, logits: torch.Tensor, budgets: dict[int, int],
@@ -386,7 +437,8 @@ class HFSampler:
         parts: list[_KVBatch] = []
         step = 0
         while True:
-            ids, logp = self._sample(logits)
+            # A row still writing takes the number of its stream after those of its earlier chunks.
+            ids, logp = self._sample(logits, kv.rows, self._draws[kv.rows] + step)
             ids_buf[slots, step] = ids
             logp_buf[slots, step] = logp
             stop = working & (self._eos[ids] | (budget[slots] <= step + 1))
@@ -412,6 +464,7 @@ class HFSampler:
                     ids, slots, working = ids[keep], slots[keep], working[keep]
             logits = self._forward(kv, torch.where(working, ids, self._pad)[:, None], working.long()[:, None], kv.pos[:, None])
             step += 1
+        self._draws[torch.tensor(rows, device=self.device)] += torch.tensor(lengths, device=self.device)
         ids_rows, logp_rows = ids_buf[:, : step + 1].tolist(), logp_buf[:, : step + 1].tolist()
         chunks = {row: Chunk(ids_rows[i][: lengths[i]], logp_rows[i][: lengths[i]]) for i, row in enumerate(rows)}
         return kv, parts, chunks
