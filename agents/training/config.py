@@ -142,9 +142,11 @@ class WarmStartConfig:
             with the bridge entity: a systematic mistake for RL to correct).
         save_every: write a run checkpoint every this many warm-start steps (0: only before and after
             the warm start), so that a run stopped during a long warm start goes on from there.
-        num_threads: torch's CPU threads during the warm start (default: ``run.num_threads``). No
-            rollout runs then, so on a CPU the warm start can use the cores that RL shares with the
-            environment worker (``rollout.env_worker``).
+        num_threads: torch's CPU threads during the warm start; ``None`` (the default): the cores free when
+            it begins (:func:`agents.training.cpu_threads.free_cpu_cores`; 1 where the platform does not
+            say). No rollout runs then, so on a CPU the warm start can use the cores that RL shares with the
+            environment worker (``rollout.env_worker``); on a host whose cores are busy, a fixed second
+            thread would slow every step. The count does not change the result.
     """
 
     steps: int = 0
@@ -154,7 +156,7 @@ class WarmStartConfig:
     learning_rate: float = 1e-3
     second_hop_rate: float = 1.0
     save_every: int = field(default=500, metadata=RESUME_FREE)
-    num_threads: int | None = None
+    num_threads: int | None = field(default=None, metadata=RESUME_FREE)
 
     def __post_init__(self) -> None:
         check_positive("warm_start", self, "steps", "copy_steps", "save_every", zero_ok=True)

@@ -87,7 +87,7 @@ DEMO = {
     "optim.learning_rate": 1e-4, "optim.micro_batch_size": 8,
     "warm_start.steps": 2600, "warm_start.copy_steps": 300, "warm_start.examples": 60000,
     "warm_start.learning_rate": 3e-3, "warm_start.second_hop_rate": 0.3, "warm_start.batch_size": 32,
-    "warm_start.num_threads": 2,
+    "warm_start.num_threads": None,
     "eval.questions": 100, "eval.every": 10, "eval.by_hops": True,
     "run.steps": 60, "run.seed": 0, "run.output_dir": "runs/demo", "run.report_to": [], "run.progress": None,
     "run.log_entropy": False,
