@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["ModelConfig"]
+__all__ = ["TINY_ARCHITECTURES", "ModelConfig"]
+
+#: The architectures a ``"tiny"`` model can have (:func:`agents.policies.loading.tiny_causal_lm`'s ``arch``).
+TINY_ARCHITECTURES = ("llama", "qwen2")
 
 
 @dataclass
@@ -21,6 +24,8 @@ class ModelConfig:
         tiny_hidden: hidden size of the ``"tiny"`` model.
         tiny_heads: attention heads of the ``"tiny"`` model.
         tiny_head_dim: width of each head of the ``"tiny"`` model (``None``: ``tiny_hidden // tiny_heads``).
+        tiny_arch: the ``"tiny"`` model's architecture: ``"llama"``, or ``"qwen2"`` (the same with biases on
+            the query, key and value projections).
         lora_rank: train LoRA adapters of this rank instead of the whole model (0: off; the ``lora`` extra,
             peft). The base model is frozen and is the reference policy (adapters switched off), so no
             second copy of the weights is held, and checkpoints hold the adapters and optimiser only (the
@@ -41,6 +46,7 @@ class ModelConfig:
     tiny_hidden: int = 128
     tiny_heads: int = 4
     tiny_head_dim: int | None = None
+    tiny_arch: str = "llama"
     lora_rank: int = 0
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
@@ -54,6 +60,8 @@ class ModelConfig:
                 raise ValueError(f"model.{field_name} must be >= 1, got {getattr(self, field_name)}")
         if self.tiny_head_dim is not None and self.tiny_head_dim < 1:
             raise ValueError(f"model.tiny_head_dim must be >= 1 (or None), got {self.tiny_head_dim}")
+        if self.tiny_arch not in TINY_ARCHITECTURES:
+            raise ValueError(f"model.tiny_arch must be one of {', '.join(TINY_ARCHITECTURES)}, got {self.tiny_arch!r}")
         if self.lora_rank < 0:
             raise ValueError(f"model.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):

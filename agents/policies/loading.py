@@ -159,7 +159,7 @@ def load_policy(
         raise ValueError(f"tokenizer path {tokenizer!r} does not exist")
     if model == "tiny":
         codec = as_codec(tokenizer)
-        lm = tiny_causal_lm(codec.vocab_size, layers=config.tiny_layers, hidden=config.tiny_hidden, heads=config.tiny_heads,
+        lm = tiny_causal_lm(codec.vocab_size, arch=config.tiny_arch, layers=config.tiny_layers, hidden=config.tiny_hidden, heads=config.tiny_heads,
                             head_dim=config.tiny_head_dim, eos_id=min(codec.eos_ids), pad_id=codec.pad_id, seed=seed)
         return HFPolicy(add_lora(lm.to(dtype), config, seed=seed), codec, value_head=value_head)
     if model == "smollm2":

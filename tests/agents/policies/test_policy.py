@@ -189,6 +189,12 @@ def test_head_dim_widens_each_head_past_hidden_over_heads(codec):
         tiny_causal_lm(VOCAB, hidden=30, heads=4)
     wide = load_policy(ModelConfig("tiny", tiny_layers=1, tiny_hidden=32, tiny_heads=2, tiny_head_dim=64))
     assert wide.model.model.layers[0].self_attn.k_proj.out_features == 128
+    biased = load_policy(ModelConfig("tiny", tiny_layers=1, tiny_hidden=32, tiny_heads=2, tiny_arch="qwen2"))
+    attention = biased.model.model.layers[0].self_attn
+    assert biased.model.config.model_type == "qwen2"
+    assert attention.q_proj.bias is not None and attention.k_proj.bias is not None and attention.o_proj.bias is None
+    with pytest.raises(ValueError, match="model.tiny_arch must be one of llama, qwen2, got 'gpt2'"):
+        ModelConfig("tiny", tiny_arch="gpt2")
 
 
 def test_load_policy_builds_the_tiny_model_over_the_builtin_tokenizer():
