@@ -311,7 +311,10 @@ class EndpointEngine:
     def build(cls, options: EndpointEngineOptions, setup: EngineSetup) -> EndpointEngine:
         return cls(options, temperature=setup.temperature, top_p=setup.top_p)
 
-    def agent(self, *, greedy: bool, seed: int) -> CompletionsEndpointAgent:
+    def agent(self, *, greedy: bool, seed: int, first_row: int = 0) -> CompletionsEndpointAgent:
+        """An agent whose sampled requests all carry ``seed``: the server samples each request alone, so no
+        row's sample depends on the others' and ``first_row`` changes nothing (an endpoint is not trained,
+        so it never rolls out a rank's share)."""
         options = self.options
         return CompletionsEndpointAgent(options.url, options.model, temperature=0.0 if greedy else self.temperature,
                                         top_p=self.top_p, api_key=self.api_key, send_ids=options.send_ids,

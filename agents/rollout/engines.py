@@ -62,9 +62,12 @@ class RolloutEngine(Protocol):
     needs_policy: bool
     reuse_logprobs: bool
 
-    def agent(self, *, greedy: bool, seed: int) -> RolloutAgent:
+    def agent(self, *, greedy: bool, seed: int, first_row: int = 0) -> RolloutAgent:
         """The agent of one rollout: greedy decoding, or sampling (at the engine's temperature and top-p)
-        seeded by ``seed``."""
+        seeded by ``seed``. ``first_row`` is the index of the agent's first episode in the rollout's whole
+        batch (a data-parallel rank's share starts past the others'); the agent's episodes are counted from
+        it over its ``begin`` calls, and a sampling agent draws each episode's tokens from a stream keyed by
+        (``seed``, that index), so one process and N ranks sample the same episodes."""
         ...
 
     def attach(self, backend: Any) -> Any:

@@ -50,10 +50,11 @@ class HFEngine:
     def build(cls, options: HFEngineOptions, setup: EngineSetup) -> HFEngine:
         return cls(setup.policy, temperature=setup.temperature, top_p=setup.top_p, reuse_logprobs=options.reuse_logprobs)
 
-    def agent(self, *, greedy: bool, seed: int) -> RolloutAgent:
+    def agent(self, *, greedy: bool, seed: int, first_row: int = 0) -> RolloutAgent:
         from agents.rollout.hf_sampler import HFSampler
 
-        return HFSampler(self.policy, temperature=self.temperature, top_p=self.top_p, greedy=greedy, seed=seed)
+        return HFSampler(self.policy, temperature=self.temperature, top_p=self.top_p, greedy=greedy, seed=seed,
+                         first_row=first_row)
 
     def attach(self, backend: Any) -> HFEngine:
         """Nothing to follow: the sampler reads the trained parameters themselves."""

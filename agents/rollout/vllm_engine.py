@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, get_args
 
+import numpy as np
 import torch
 
 from agents.policies.policy import HFPolicy
@@ -312,13 +313,14 @@ class VLLMEngine:
         self._asleep = False
 
     # -- rollouts -------------------------------------------------------------------------------------
-    def agent(self, *, greedy: bool = False, seed: int = 0, temperature: float | None = None,
+    def agent(self, *, greedy: bool = False, seed: int = 0, first_row: int = 0, temperature: float | None = None,
               top_p: float | None = None) -> VLLMAgent:
-        """The rollout agent for one rollout (see :class:`VLLMAgent`), sampling at the engine's temperature
-        and top-p unless given others; the engine is woken (weights reloaded when stale) first."""
+        """The rollout agent for one rollout (see :class:`VLLMAgent`; ``first_row``: its first episode's index
+        in the rollout's whole batch), sampling at the engine's temperature and top-p unless given others;
+        the engine is woken (weights reloaded when stale) first."""
         self.wake_up()
         return VLLMAgent(self, temperature=self.temperature if temperature is None else temperature,
-                         top_p=self.top_p if top_p is None else top_p, greedy=greedy, seed=seed)
+                         top_p=self.top_p if top_p is None else top_p, greedy=greedy, seed=seed, first_row=first_row)
 
     def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """The engine's log-prob of each id given the ids before it (temperature 1), token-aligned like
@@ -353,23 +355,28 @@ class VLLMAgent:
     """A :class:`~agents.rollout.agent.RolloutAgent` sampling from a :class:`VLLMEngine`.
 
     Each ``generate`` sends every running row's context (ids) as one request; vLLM batches them and
-    reuses cached prefixes. Requests are seeded from ``seed``, the row and the turn, so a rollout is
-    reproducible for fixed weights. ``greedy`` decodes with vLLM's greedy sampler (its log-probs are then
-    those of the untempered distribution).
+    reuses cached prefixes. Each request is seeded from ``seed``, the episode's index in the rollout's
+    whole batch (``first_row`` plus the row's place among the rows of every ``begin`` so far) and the
+    row's turn, never from which rows share the call or the rank, so a rollout is reproducible for fixed
+    weights and one process and N ranks sample the same episodes. ``greedy`` decodes with vLLM's greedy
+    sampler (its log-probs are then those of the untempered distribution).
     """
 
     streams_chunks = False
 
     def __init__(self, engine: VLLMEngine, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-                 seed: int = 0) -> None:
+                 seed: int = 0, first_row: int = 0) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (use greedy=True for greedy decoding), got {temperature}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        if first_row < 0:
+            raise ValueError(f"first_row must be >= 0, got {first_row}")
         self.engine, self.codec = engine, engine.codec
         self.temperature, self.top_p, self.greedy, self.seed = float(temperature), float(top_p), greedy, int(seed)
         self._contexts: list[list[int]] = []
         self._turn = 0
+        self._first_row = self._next_row = first_row  # the rollout index of this begin()'s first row, of the next's
 
     def begin(self, prompt_ids: Sequence[Sequence[int]], *, examples: Sequence[QAExample], protocol: Dialect, codec: TokenCodec) -> None:
         if codec is not self.codec and codec.token_bytes != self.codec.token_bytes:
@@ -377,6 +384,12 @@ class VLLMAgent:
         self._stops = list(turn_stop_strings(protocol))
         self._contexts = [list(ids) for ids in prompt_ids]
         self._turn = 0
+        self._first_row, self._next_row = self._next_row, self._next_row + len(prompt_ids)
+
+    def request_seed(self, row: int) -> int:
+        """The seed of ``row``'s request this turn: from ``seed``, the row's index in the rollout and the turn."""
+        state = np.random.SeedSequence([self.seed, self._first_row + row, self._turn]).generate_state(1)
+        return int(state[0]) & 0x7FFFFFFF
 
     def _params(self, row: int, budget: int) -> Any:
         vllm = _import_vllm()
@@ -384,7 +397,7 @@ class VLLMAgent:
             n=1, temperature=0.0 if self.greedy else self.temperature, top_p=1.0 if self.greedy else self.top_p,
             max_tokens=budget, stop=self._stops, include_stop_str_in_output=True,
             stop_token_ids=sorted(self.codec.eos_ids), ignore_eos=True, logprobs=0,
-            seed=(self.seed * 1_000_003 + row * 7919 + self._turn) % (2**31),
+            seed=self.request_seed(row),
             skip_special_tokens=False, spaces_between_special_tokens=False,
         )
 

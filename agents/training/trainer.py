@@ -311,9 +311,16 @@ class Trainer:
         ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept. With
         several ranks, a round runs on every rank while any rank is short of its share, and ranks may keep
         different numbers of rows (:func:`~agents.training.update.update_batch` keeps their passes in step).
+
+        A round's seed is the same on every rank, and each rank's agent starts at its share's place in the
+        round's global batch (question index x ``group_size`` + sample), so every episode is sampled as one
+        process samples it: N ranks roll out one process's episodes. What they keep after a refill is not
+        one process's: each rank keeps the first groups of its own share, where one process keeps the
+        first groups of the whole batch (the same only when no round refills).
         Returns every episode rolled out, the batch, the summed timings and the rounds taken."""
         world, rank = self.backend.world_size, self.backend.rank
         wanted = self.config.rollout.questions_per_step // world  # this rank's share (whole question groups)
+        group_size = self.config.algorithm.group_size
         pad = self.policy.codec.pad_id
         trajectories: list[Trajectory] = []
         kept: list[TrainBatch] = []
@@ -324,12 +331,10 @@ class Trainer:
             # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
             seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
             questions = self.order.take(wanted * world)  # the same on every rank, which keeps its share
-            if world > 1:
-                seed = self._seed("rollout", round_, rank)
-                questions = questions[rank * wanted : (rank + 1) * wanted]
+            questions = questions[rank * wanted : (rank + 1) * wanted]
             with self._decoding():
-                rollout = collect_rollouts(self.engine.agent(greedy=False, seed=seed), self.rollout_env(), questions,
-                                           group_size=self.config.algorithm.group_size)
+                agent = self.engine.agent(greedy=False, seed=seed, first_row=rank * wanted * group_size)
+                rollout = collect_rollouts(agent, self.rollout_env(), questions, group_size=group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)
             batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad,
@@ -352,7 +357,11 @@ class Trainer:
 
     def _seed(self, stream: str, *more: int) -> int:
         """A seed for ``stream`` at the current step (and ``more``, e.g. a rollout round), from the run's
-        seed (independent of other streams)."""
+        seed (independent of other streams). The rank is no input: every rank derives the same seeds. A
+        rollout's episodes are keyed by their place in the global batch besides (:meth:`_rollout_batch`),
+        but the ``"shuffle"`` seed permutes each rank's own rows, so with several mini-batches per pass
+        (``optim.mini_batch_size`` below a step's rows) N ranks' mini-batches hold other rows than one
+        process's, and their steps differ; with one mini-batch per pass nothing is shuffled."""
         return int(np.random.SeedSequence([self.config.run.seed, _STREAMS[stream], self.step, *more]).generate_state(1)[0])
 
     def _warm_start(self) -> dict[str, float]:

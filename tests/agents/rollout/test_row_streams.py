@@ -66,3 +66,33 @@ def test_rows_sampled_in_one_batch_of_8_equal_two_batches_of_4_with_their_offset
 def test_a_negative_first_row_is_one_line(policy):
     with pytest.raises(ValueError, match="first_row must be >= 0"):
         HFSampler(policy, first_row=-1)
+
+
+def test_vllm_requests_are_seeded_by_the_rows_index_in_the_rollout_and_its_turn():
+    """The vLLM agent's request seeds (vLLM itself is not needed to compute them): row 4 of a rollout of 8
+    is row 0 of an agent that starts at ``first_row=4``, and of a second wave of 4."""
+    from types import SimpleNamespace
+
+    from agents.rollout.vllm_engine import VLLMAgent
+    from search_env import get_protocol
+
+    codec = as_codec(None)
+    engine = SimpleNamespace(codec=codec)
+
+    def seeds(agent: VLLMAgent, rows: int, first_wave: int = 0) -> list[int]:
+        if first_wave:
+            agent.begin([[5]] * first_wave, examples=[None] * first_wave, protocol=get_protocol("search-r1"), codec=codec)
+        agent.begin([[5]] * rows, examples=[None] * rows, protocol=get_protocol("search-r1"), codec=codec)
+        return [agent.request_seed(row) for row in range(rows)]
+
+    whole = seeds(VLLMAgent(engine, seed=5), 8)
+    assert len(set(whole)) == 8 and all(0 <= s < 2**31 for s in whole)
+    assert seeds(VLLMAgent(engine, seed=5, first_row=4), 4) == whole[4:]
+    assert seeds(VLLMAgent(engine, seed=5), 4, first_wave=4) == whole[4:]
+    assert seeds(VLLMAgent(engine, seed=6), 8) != whole
+    agent = VLLMAgent(engine, seed=5)
+    seeds(agent, 8)
+    agent._turn += 1  # as generate() does after each turn
+    assert [agent.request_seed(row) for row in range(8)] != whole
+    with pytest.raises(ValueError, match="first_row must be >= 0"):
+        VLLMAgent(engine, first_row=-1)

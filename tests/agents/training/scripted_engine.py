@@ -19,7 +19,7 @@ class ScriptedEngine:
     def __init__(self, agent_class: type) -> None:
         self.agent_class = agent_class
 
-    def agent(self, *, greedy: bool, seed: int) -> ScriptedRolloutAgent:
+    def agent(self, *, greedy: bool, seed: int, first_row: int = 0) -> ScriptedRolloutAgent:
         return ScriptedRolloutAgent(self.agent_class)
 
     def attach(self, backend: Any) -> ScriptedEngine:

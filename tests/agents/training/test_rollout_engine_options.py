@@ -147,9 +147,9 @@ def test_with_a_rollout_engine_the_trained_policy_is_not_gathered_for_decoding(t
     class Recorder(HFEngine):
         decodes_trained_policy = False
 
-        def agent(self, *, greedy: bool, seed: int):
+        def agent(self, *, greedy: bool, seed: int, first_row: int = 0):
             calls.append("agent")
-            return super().agent(greedy=greedy, seed=seed)
+            return super().agent(greedy=greedy, seed=seed, first_row=first_row)
 
         def wake_up(self) -> None:
             calls.append("wake_up")

@@ -57,9 +57,10 @@ class ToyEngine:
     def build(cls, options: ToyEngineOptions, setup: EngineSetup) -> ToyEngine:
         return cls(setup.policy, options, setup.temperature, setup.top_p)
 
-    def agent(self, *, greedy: bool, seed: int) -> HFSampler:
+    def agent(self, *, greedy: bool, seed: int, first_row: int = 0) -> HFSampler:
         self.calls["agent"] += 1
-        return HFSampler(self.policy, temperature=self.temperature, top_p=self.top_p, greedy=greedy, seed=seed)
+        return HFSampler(self.policy, temperature=self.temperature, top_p=self.top_p, greedy=greedy, seed=seed,
+                         first_row=first_row)
 
     def attach(self, backend: Any) -> ToyEngine:
         self.calls["attach"] += 1
