@@ -205,8 +205,8 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
 def row_keys(seed: int, first_row: int, rows: int) -> list[int]:
     """The stream keys of episodes ``first_row`` .. ``first_row + rows - 1`` of a rollout seeded by ``seed``:
     64-bit integers (signed, as torch holds them) from NumPy's ``SeedSequence([seed, row])``."""
-    states = [np.random.SeedSequence([seed, row]).generate_state(1, dtype=np.uint64) for row in range(first_row, first_row + rows)]
-    return [int(state.view(np.int64)[0]) for state in states]
+    rows_keyed = range(first_row, first_row + rows)
+    return [int(np.random.SeedSequence([seed, row]).generate_state(1, dtype=np.uint64).view(np.int64)[0]) for row in rows_keyed]
 
 
 def uniforms(keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
