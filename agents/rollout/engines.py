@@ -19,7 +19,7 @@ server) is one file and one call::
 
 Then ``--import my_module --rollout.engine mine`` trains with it and ``benchmarks.evaluate --import
 my_module --agents mine:MODEL`` evaluates with it. The built-in engines' modules (``hf``, ``vllm``,
-``endpoint``) are imported when their name is first looked up.
+``vllm-server``, ``endpoint``) are imported when their name is first looked up.
 """
 from __future__ import annotations
 
@@ -145,7 +145,8 @@ ENGINES: dict[str, EngineEntry] = {}
 """Engine name (``rollout.engine``) -> its registration."""
 
 #: The modules that register the built-in engines, imported when their name is first looked up.
-_BUILT_IN = {"hf": "agents.rollout.hf_engine", "vllm": "agents.rollout.vllm_engine", "endpoint": "agents.rollout.endpoint"}
+_BUILT_IN = {"hf": "agents.rollout.hf_engine", "vllm": "agents.rollout.vllm_engine", "endpoint": "agents.rollout.endpoint",
+             "vllm-server": "agents.rollout.vllm_server_engine"}
 #: What a registered engine class must have besides the protocol's methods.
 _CLASS_ATTRIBUTES = ("logprobs_are_trainers", "decodes_trained_policy", "needs_policy", "build")
 
