@@ -293,7 +293,7 @@ class VLLMServerEngine:
         args = ["--model", self._folder, "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(port),
                 "--dtype", options.dtype, "--seed", str(seed), "--max-model-len", str(max_model_len),
                 "--enable-prefix-caching", "--enforce-eager", "--logprobs-mode", "processed_logprobs",
-                "--generation-config", "vllm", "--disable-log-stats"]
+                "--generation-config", "vllm"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_REPO_ROOT, os.environ.get("PYTHONPATH")])),
                "OMP_NUM_THREADS": str(options.threads)}
         if options.gpus:
