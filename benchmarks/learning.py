@@ -1,6 +1,6 @@
 """Learning benchmark: does GRPO teach a warm-started tiny policy to take the second hop, whatever the seed?
 
-    python -m benchmarks.learning [--pairs 0:10:11 101:201:202 ...] [--output-dir runs/learning] [--set GROUP.FIELD=VALUE ...]
+    python -m benchmarks.learning [--pairs 0:10:11 101:201:202 ...] [--jobs 2] [--output-dir runs/learning] [--set GROUP.FIELD=VALUE ...]
     python -m benchmarks.learning --seeds 0 1 2     # model seeds on the recipe's own worlds
 
 It runs :data:`README_PAIR` and :data:`FRESH_PAIRS` by default: a pair is a model seed (``run.seed``)
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from agents.training.trainer import Trainer
 
 __all__ = ["DEMO_RECIPE", "FRESH_PAIRS", "README_PAIR", "UNTUNED_PAIRS", "LearningCurve", "Pair", "SeedRun", "default_pairs",
-           "demo_config", "for_pair",
+           "demo_config", "for_pair", "run_all",
            "format_table", "main", "plot", "run_seed", "target_met"]
 
 #: The demo's recipe, the one the README's command trains.
@@ -272,6 +272,20 @@ def run_seed(config: TrainConfig, *, log: Callable[[str], Any] = print) -> SeedR
     return curve.run
 
 
+def run_all(configs: Sequence[TrainConfig], jobs: int = 1) -> list[SeedRun]:
+    """:func:`run_seed` of every config, in order; with ``jobs`` > 1, that many at a time, each in a fresh
+    process (spawned: nothing of one run's state reaches another), and a warm start left to pick its
+    threads takes one, since the jobs share the cores."""
+    if jobs == 1:
+        return [run_seed(config) for config in configs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    shared = [c if c.warm_start.num_threads is not None else c.updated({"warm_start.num_threads": 1}) for c in configs]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+        return list(pool.map(run_seed, shared))
+
+
 def format_table(runs: Sequence[SeedRun]) -> str:
     """One row per (pair, stage): greedy and sampled EM on 1-hop and 2-hop held-out questions; the final
     row says whether the run met the target (:func:`target_met`)."""
@@ -349,7 +363,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where the runs (one folder per seed), curve and results go")
     parser.add_argument("--set", nargs="*", default=[], metavar="GROUP.FIELD=VALUE",
                         help="override recipe fields (YAML values), e.g. --set optim.learning_rate=3e-4 run.steps=100")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each in a process of its own with one warm-start thread unless the recipe "
+                             "sets warm_start.num_threads (the runs' results do not depend on it; their minutes do)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
         base = demo_config(args.set, recipe=args.config)
         if args.seeds is not None:
@@ -366,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the policy export's bar would bury the log lines
-    runs = [run_seed(config) for config in configs]
+    runs = run_all(configs, args.jobs)
     print()
     print(format_table(runs))
     for run in runs:

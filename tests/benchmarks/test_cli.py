@@ -347,6 +347,28 @@ def test_learning_runs_the_readme_pair_and_ten_fresh_pairs_by_default() -> None:
     assert default_pairs() == [str(p) for p in (README_PAIR, *FRESH_PAIRS)]
 
 
+@pytest.mark.slow
+def test_learning_jobs_run_pairs_in_processes_of_their_own_with_the_same_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two pairs run two at a time (spawned processes, in order in the results); the second measures what
+    it measures when run alone in this process."""
+    skip_without(*NEEDS["benchmarks.learning"])
+    from benchmarks.learning import main
+
+    tiny = ["run.steps=1", "eval.every=1", "eval.questions=2", "warm_start.steps=2", "warm_start.examples=16",
+            "warm_start.copy_steps=1", "warm_start.num_threads=1", "data.world_size=50", "data.world_scale=1",
+            "rollout.questions_per_step=2", "algorithm.group_size=2", "rollout.env_worker=false"]
+    assert main(["--pairs", "0:5:6", "1:7:8", "--jobs", "2", "--output-dir", str(tmp_path / "jobs2"), "--set", *tiny]) == 0
+    runs = json.loads((tmp_path / "jobs2" / "results.json").read_text())["runs"]
+    assert [(r["seed"], r["world_seed"]) for r in runs] == [(0, 5), (1, 7)]
+    assert main(["--pairs", "1:7:8", "--output-dir", str(tmp_path / "alone"), "--set", *tiny]) == 0
+    (alone,) = json.loads((tmp_path / "alone" / "results.json").read_text())["runs"]
+    assert alone["evaluations"] == runs[1]["evaluations"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--jobs", "0"])
+    assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_learning_runs_the_recipe_through_the_trainer_and_records_its_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     skip_without(*NEEDS["benchmarks.learning"])
     from benchmarks.learning import main
