@@ -78,7 +78,7 @@ PAPERS = {
 # The embedded demo (the README's main command), as benchmarks/learning.py's demo_config() set it.
 DEMO = {
     "algo": "grpo", "model.name": "tiny", "model.tiny_layers": 2, "model.tiny_hidden": 96, "model.tiny_heads": 4,
-    "model.tiny_head_dim": 32, "env.protocol": "search-r1-compact", "data.dataset": "synthetic", "data.world_seed": 10,
+    "model.tiny_head_dim": 32, "model.tiny_arch": "qwen2", "env.protocol": "search-r1-compact", "data.dataset": "synthetic", "data.world_seed": 10,
     "data.world_size": 60000, "data.world_scale": 500, "data.world_chain_only": True, "data.world_stem_tokens": 2,
     "data.bm25_stemmer": "light", "data.eval_world_seed": 11, "data.eval_new_words": True, "data.world_max_hops": 2,
     "env.max_new_tokens": 96, "env.max_context": 1024, "env.max_turns": 4, "env.top_k": 2,
