@@ -166,7 +166,10 @@ class _Replica:
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 raise RolloutServerError(f"{self.name()} did not answer {path} within {timeout_s:g} s") from None
             raise RolloutServerError(f"{self.name()} stopped answering {path}: {reason}") from None
-        return json.loads(text) if text.strip() else None
+        try:
+            return json.loads(text) if text.strip() else None
+        except ValueError:  # some routes answer in plain text (loading an adapter)
+            return text.decode(errors="replace")
 
     def rpc(self, method: str, args: Sequence[str], timeout_s: float) -> str:
         """Call the worker extension's ``method`` (string arguments, vLLM's ``/collective_rpc``)."""
@@ -211,7 +214,18 @@ def _stop(replicas: list[_Replica]) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         replica.process.wait()
+        deadline = time.monotonic() + 10.0  # killed processes are gone once the kernel has reaped them
+        while any(_group_alive(group) for group in groups) and time.monotonic() < deadline:
+            time.sleep(0.1)
     replicas.clear()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _cleanup(replicas: list[_Replica], folder: str) -> None:

@@ -256,38 +256,50 @@ def test_two_replicas_share_the_rows(engine, policy):
 
 
 KILLED_TRAINER = textwrap.dedent("""
-    import json, sys, time, torch
+    import contextlib, json, sys, time, torch
     torch.set_num_threads(1)
+    from agents.policies.config import ModelConfig
     from agents.policies.loading import load_policy
     from agents.rollout.vllm_server_engine import VLLMServerEngine, VLLMServerEngineOptions
-    policy = load_policy("tiny", seed=0)
+    policy = load_policy(ModelConfig(lora_rank=4), seed=0)
+    generator = torch.Generator().manual_seed(3)
+    def move_adapters():
+        with torch.no_grad():
+            for name, parameter in policy.model.named_parameters():
+                if ".lora_B." in name:
+                    parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    move_adapters()
     engine = VLLMServerEngine(policy, VLLMServerEngineOptions(python=sys.argv[1], startup_timeout_s=900), max_model_len=256)
     sequence = policy.codec.encode("Who founded the Tallis Group? <search> Tallis Group founder </search>")
-    def gap():
-        with torch.no_grad():
+    def gap(adapters=True):
+        with torch.no_grad(), (contextlib.nullcontext() if adapters else policy.adapters_off()):
             ids = torch.tensor([sequence])
             mine = policy(ids, torch.ones_like(ids)).logprobs[0, 1:]
         return float((torch.tensor(engine.logprobs([sequence])[0][1:]) - mine).abs().max())
-    with torch.no_grad():
-        policy.lm.model.embed_tokens.weight.add_(torch.randn(policy.lm.model.embed_tokens.weight.shape) * 0.5)
-    stale = gap()
+    result = {"built_gap": gap(), "base_gap": gap(adapters=False), "served": engine.model}
+    move_adapters()
+    result["stale_gap"] = gap()
     engine.sync()
     replica = engine._replicas[0]
-    print(json.dumps({"launcher": replica.process.pid, "server": int(open(replica.pid_file).read()),
-                      "stale_gap": stale, "synced_gap": gap(), "tied": policy.lm.config.tie_word_embeddings}), flush=True)
+    result.update(launcher=replica.process.pid, server=int(open(replica.pid_file).read()), synced_gap=gap(),
+                  synced_served=engine.model)
+    print(json.dumps(result), flush=True)
     time.sleep(600)
 """)
 
 
 def test_nothing_is_left_running_after_the_trainer_is_killed(vllm_python):
     """A trainer killed with SIGKILL runs no clean-up: the launcher ends its server when the trainer's end
-    of its stdin closes. The same subprocess checks a tied LM head: a sync through the embedding alone
-    reaches the head vLLM packs apart."""
+    of its stdin closes. The same subprocess serves LoRA adapters: the servers' log-probs are the adapted
+    model's (not its base's), and after the adapters move and a sync, under a new adapter name, the new
+    adapters' (a sync that did not arrive would leave the stale gap)."""
     env_vars = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
     trainer = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, vllm_python], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=env_vars, cwd=REPO_ROOT, start_new_session=True)
     try:
-        line = trainer.stdout.readline()
+        line = "not yet"
+        while line and not line.startswith("{"):  # libraries may print their notices first
+            line = trainer.stdout.readline()
         assert line, "the trainer subprocess ended before its engine was up"
         started = json.loads(line)
         groups = [started["launcher"], started["server"]]
@@ -302,7 +314,9 @@ def test_nothing_is_left_running_after_the_trainer_is_killed(vllm_python):
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait()
-    assert started["tied"] and started["stale_gap"] > 1e-2 and started["synced_gap"] < LOGPROB_ATOL, started
+    assert started["built_gap"] < LOGPROB_ATOL and started["base_gap"] > 1e-2, started
+    assert started["stale_gap"] > 1e-2 and started["synced_gap"] < LOGPROB_ATOL, started
+    assert started["served"] == "policy-adapters-1" and started["synced_served"] == "policy-adapters-2", started
 
 
 def test_a_server_killed_mid_rollout_ends_it_with_one_line_naming_it(engine, policy):
