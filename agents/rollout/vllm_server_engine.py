@@ -35,17 +35,12 @@ each worker writes them to a folder on its machine, and the server loads them un
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import weakref
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -58,7 +53,9 @@ from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk
 from agents.rollout.engines import EngineSetup, register_engine
 from agents.rollout.vllm_engine import CPU_KV_CACHE_GIB_MAX, VLLMAgent
-from agents.rollout.vllm_server_process import open_weight_group, send_weights, server_command
+from agents.rollout.vllm_server_process import (
+    Replica, RolloutServerError, free_port, open_weight_group, send_weights, server_command, stop_replicas,
+)
 
 __all__ = ["RolloutServerError", "ServerAgent", "VLLMServerEngine", "VLLMServerEngineOptions"]
 
@@ -121,115 +118,8 @@ class VLLMServerEngineOptions:
             raise ValueError(f"engine.gpus names {len(self.gpus)} GPUs for {self.replicas} replicas: give one per replica")
 
 
-class RolloutServerError(ConnectionError):
-    """A rollout server failed a request, stopped answering or exited: the one-line message names it."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class _Replica:
-    """One server: its URL and, when the engine launched it, its launcher process and log."""
-
-    def __init__(self, index: int, url: str, process: subprocess.Popen | None = None, log: str | None = None,
-                 pid_file: str | None = None) -> None:
-        self.index, self.url, self.process, self.log, self.pid_file = index, url.rstrip("/"), process, log, pid_file
-
-    def name(self) -> str:
-        return f"vllm-server replica {self.index} ({self.url})"
-
-    def exited(self) -> str | None:
-        """Why a launched server is gone (``None`` while it runs, or when it was not launched here)."""
-        if self.process is None or self.process.poll() is None:
-            return None
-        return f"exited with status {self.process.returncode} ({_last_error(self.log)})"
-
-    def post(self, path: str, body: dict[str, Any] | None, timeout_s: float) -> Any:
-        """POST ``body`` as JSON (GET when ``None``) and return the decoded answer; any failure is one
-        :class:`RolloutServerError` line."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-                text = reply.read()
-        except urllib.error.HTTPError as exc:
-            detail = " ".join(exc.read().decode(errors="replace").split())[:300]
-            raise RolloutServerError(f"{self.name()} answered {path} with HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            gone = self.exited()
-            if gone is not None:
-                raise RolloutServerError(f"{self.name()} {gone} during {path}") from None
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise RolloutServerError(f"{self.name()} did not answer {path} within {timeout_s:g} s") from None
-            raise RolloutServerError(f"{self.name()} stopped answering {path}: {reason}") from None
-        try:
-            return json.loads(text) if text.strip() else None
-        except ValueError:  # some routes answer in plain text (loading an adapter)
-            return text.decode(errors="replace")
-
-    def rpc(self, method: str, args: Sequence[str], timeout_s: float) -> str:
-        """Call the worker extension's ``method`` (string arguments, vLLM's ``/collective_rpc``)."""
-        answer = self.post("/collective_rpc", {"method": method, "args": list(args), "timeout": timeout_s}, timeout_s)
-        return answer["results"][0]
-
-
-def _last_error(log: str | None) -> str:
-    """The last line of a server's log that reports an error (vLLM's loggers prefix every line), else its
-    last line: the reason a server stopped, in the one line that says so."""
-    try:
-        lines = [" ".join(line.split()) for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
-    except (OSError, TypeError):
-        return "no log"
-    errors = [line for line in lines if "Error" in line or "error" in line.split(":", 1)[0]]
-    return (errors or lines or ["empty log"])[-1][-400:]
-
-
-def _stop(replicas: list[_Replica]) -> None:
-    """End the servers this engine launched: close each launcher's stdin (it ends its server's process group)
-    and ``SIGTERM`` it; past a grace period ``SIGKILL`` the launcher's group and the server's."""
-    launched = [r for r in replicas if r.process is not None]
-    for replica in launched:
-        try:
-            replica.process.stdin.close()
-            replica.process.send_signal(signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-    for replica in launched:
-        try:
-            replica.process.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        groups = [replica.process.pid]
-        try:
-            groups.append(int(Path(replica.pid_file).read_text()))
-        except (OSError, ValueError, TypeError):
-            pass
-        for group in groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        replica.process.wait()
-        deadline = time.monotonic() + 10.0  # killed processes are gone once the kernel has reaped them
-        while any(_group_alive(group) for group in groups) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    replicas.clear()
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _cleanup(replicas: list[_Replica], folder: str) -> None:
-    _stop(replicas)
+def _cleanup(replicas: list[Replica], folder: str) -> None:
+    stop_replicas(replicas)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -266,7 +156,7 @@ class VLLMServerEngine:
         self._weights: Callable[..., Iterator[tuple[str, torch.Tensor]]] = self._policy_weights
         self._device = next(policy.model.parameters()).device
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-server-")
-        self._replicas: list[_Replica] = []
+        self._replicas: list[Replica] = []
         # Stops launched servers and removes the folder on close(), when collected, or at interpreter exit.
         self._cleanup = weakref.finalize(self, _cleanup, self._replicas, self._folder)
         self._pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="vllm-server")
@@ -276,7 +166,7 @@ class VLLMServerEngine:
         self._adapter_ids = 0
         try:
             if options.urls:
-                self._replicas += [_Replica(i, url) for i, url in enumerate(options.urls)]
+                self._replicas += [Replica(i, url) for i, url in enumerate(options.urls)]
             else:
                 policy.save_pretrained(self._folder, merge_adapters=False)
                 self._replicas += [self._launch(i, max_model_len, seed) for i in range(options.replicas)]
@@ -301,9 +191,9 @@ class VLLMServerEngine:
         return [r.url for r in self._replicas]
 
     # -- servers --------------------------------------------------------------------------------------
-    def _launch(self, index: int, max_model_len: int, seed: int) -> _Replica:
+    def _launch(self, index: int, max_model_len: int, seed: int) -> Replica:
         options = self.options
-        port = _free_port()
+        port = free_port()
         args = ["--model", self._folder, "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(port),
                 "--dtype", options.dtype, "--seed", str(seed), "--max-model-len", str(max_model_len),
                 "--enable-prefix-caching", "--enforce-eager", "--logprobs-mode", "processed_logprobs",
@@ -328,7 +218,7 @@ class VLLMServerEngine:
             process = subprocess.Popen(server_command(python, args, exit_with_stdin=True, pid_file=pid_file, lora_rank=lora_rank),
                                        stdin=subprocess.PIPE, stdout=handle, stderr=subprocess.STDOUT, env=env,
                                        start_new_session=True)
-        return _Replica(index, f"http://127.0.0.1:{port}", process, log, pid_file)
+        return Replica(index, f"http://127.0.0.1:{port}", process, log, pid_file)
 
     def _lora_rank(self) -> int:
         config = self.policy.model.peft_config[self.policy.model.active_adapter]
@@ -350,14 +240,14 @@ class VLLMServerEngine:
                                                  f"({exc})") from None
                     time.sleep(1.0)
 
-    def _each(self, call: Callable[[_Replica], Any]) -> list[Any]:
+    def _each(self, call: Callable[[Replica], Any]) -> list[Any]:
         """``call`` on every replica at once; the first failure is raised once all have ended."""
         futures = [self._pool.submit(call, replica) for replica in self._replicas]
         return [future.result() for future in futures]
 
     def _join_group(self) -> None:
         options = self.options
-        port = options.group_port or _free_port()
+        port = options.group_port or free_port()
         backend = "nccl" if self._device.type == "cuda" else "gloo"
         world = 1 + len(self._replicas)
         futures = [self._pool.submit(r.rpc, "join_weight_group",

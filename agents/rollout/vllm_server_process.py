@@ -1,4 +1,5 @@
-"""What runs beside a vLLM rollout server: its launcher and the weight receiver inside its worker.
+"""What runs beside a vLLM rollout server: its launcher, the weight receiver inside its worker, and the
+trainer's handle on each server process (:class:`Replica`: its requests, its failures as one line, its end).
 
 This module is imported by both sides of :mod:`agents.rollout.vllm_server_engine`: the trainer (which
 sends weights with :func:`send_weights`) and the server's Python (vLLM's own virtualenv, where vLLM imports
@@ -30,17 +31,23 @@ processing after loading.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, Iterable, Iterator
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-__all__ = ["WeightGroup", "WeightReceiver", "open_weight_group", "receive_weights", "send_weights", "server_command"]
+__all__ = ["Replica", "RolloutServerError", "WeightGroup", "WeightReceiver", "free_port", "stop_replicas", "open_weight_group", "receive_weights", "send_weights", "server_command"]
 
 #: Header layout: kind, dtype code, number of dims, name length, then up to MAX_DIMS sizes.
 MAX_DIMS = 8
@@ -163,6 +170,113 @@ class WeightReceiver:
             del self._weight_group
             group.shutdown()
         return "left"
+
+
+class RolloutServerError(ConnectionError):
+    """A rollout server failed a request, stopped answering or exited: the one-line message names it."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Replica:
+    """One server: its URL and, when the engine launched it, its launcher process and log."""
+
+    def __init__(self, index: int, url: str, process: subprocess.Popen | None = None, log: str | None = None,
+                 pid_file: str | None = None) -> None:
+        self.index, self.url, self.process, self.log, self.pid_file = index, url.rstrip("/"), process, log, pid_file
+
+    def name(self) -> str:
+        return f"vllm-server replica {self.index} ({self.url})"
+
+    def exited(self) -> str | None:
+        """Why a launched server is gone (``None`` while it runs, or when it was not launched here)."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return f"exited with status {self.process.returncode} ({_last_error(self.log)})"
+
+    def post(self, path: str, body: dict[str, Any] | None, timeout_s: float) -> Any:
+        """POST ``body`` as JSON (GET when ``None``) and return the decoded answer; any failure is one
+        :class:`RolloutServerError` line."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+                text = reply.read()
+        except urllib.error.HTTPError as exc:
+            detail = " ".join(exc.read().decode(errors="replace").split())[:300]
+            raise RolloutServerError(f"{self.name()} answered {path} with HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            gone = self.exited()
+            if gone is not None:
+                raise RolloutServerError(f"{self.name()} {gone} during {path}") from None
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise RolloutServerError(f"{self.name()} did not answer {path} within {timeout_s:g} s") from None
+            raise RolloutServerError(f"{self.name()} stopped answering {path}: {reason}") from None
+        try:
+            return json.loads(text) if text.strip() else None
+        except ValueError:  # some routes answer in plain text (loading an adapter)
+            return text.decode(errors="replace")
+
+    def rpc(self, method: str, args: Sequence[str], timeout_s: float) -> str:
+        """Call the worker extension's ``method`` (string arguments, vLLM's ``/collective_rpc``)."""
+        answer = self.post("/collective_rpc", {"method": method, "args": list(args), "timeout": timeout_s}, timeout_s)
+        return answer["results"][0]
+
+
+def _last_error(log: str | None) -> str:
+    """The last line of a server's log that reports an error (vLLM's loggers prefix every line), else its
+    last line: the reason a server stopped, in the one line that says so."""
+    try:
+        lines = [" ".join(line.split()) for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+    except (OSError, TypeError):
+        return "no log"
+    errors = [line for line in lines if "Error" in line or "error" in line.split(":", 1)[0]]
+    return (errors or lines or ["empty log"])[-1][-400:]
+
+
+def stop_replicas(replicas: list[Replica]) -> None:
+    """End the servers this engine launched: close each launcher's stdin (it ends its server's process group)
+    and ``SIGTERM`` it; past a grace period ``SIGKILL`` the launcher's group and the server's."""
+    launched = [r for r in replicas if r.process is not None]
+    for replica in launched:
+        try:
+            replica.process.stdin.close()
+            replica.process.send_signal(signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+    for replica in launched:
+        try:
+            replica.process.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        groups = [replica.process.pid]
+        try:
+            groups.append(int(Path(replica.pid_file).read_text()))
+        except (OSError, ValueError, TypeError):
+            pass
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        replica.process.wait()
+        deadline = time.monotonic() + 10.0  # killed processes are gone once the kernel has reaped them
+        while any(_group_alive(group) for group in groups) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    replicas.clear()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def server_command(python: str, args: list[str], *, exit_with_stdin: bool = False, pid_file: str | None = None,
