@@ -11,8 +11,8 @@ __all__ = ["all_rank_metrics"]
 
 #: Figures every rank holds alike: the optimiser's (gradient norm, updates, learning rate) and the rounds.
 SAME_ON_EVERY_RANK = frozenset({"lr", "grad_norm", "updates/applied", "updates/skipped", "rollout_rounds"})
-#: Counts that add up over ranks besides the update's statistics.
-SUMMED = frozenset({"rows", "tokens_per_s"})
+#: Counts that add up over ranks besides the update's statistics: the step's episodes are every rank's.
+SUMMED = frozenset({"rows", "tokens_per_s", "episodes"})
 
 
 def all_rank_metrics(backend: TrainingBackend, metrics: Mapping[str, float], update_keys: set[str]) -> dict[str, float]:
@@ -21,7 +21,7 @@ def all_rank_metrics(backend: TrainingBackend, metrics: Mapping[str, float], upd
 
     Every rank's numeric names count, not only this rank's: a rank that held no rows after dynamic sampling
     has no loss of its own, and the others' must still be logged. The update's statistics are additive
-    shares of the global batch's and are summed, as are the counts (rows, tokens/s), a rank without the
+    shares of the global batch's and are summed, as are the counts (rows, episodes, tokens/s), a rank without the
     name adding nothing; figures alike on every rank (:data:`SAME_ON_EVERY_RANK`) keep this rank's value
     where it has one; the rest are means over the ranks that have them, exact for the episode means (every
     rank plays as many episodes)."""

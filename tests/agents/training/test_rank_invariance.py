@@ -58,7 +58,7 @@ def test_one_process_and_two_deepspeed_ranks_sample_the_same_episodes_and_end_at
     steps = {"one": _lines(one / "metrics.jsonl"), "two": _lines(two / "metrics.jsonl")}
     assert [m["step"] for m in steps["one"]] == [m["step"] for m in steps["two"]] == [1, 2]
     for single, ranks in zip(steps["one"], steps["two"]):
-        for key in ("reward", "em", "searches", "response_tokens", "rows"):
+        for key in ("reward", "em", "searches", "response_tokens", "rows", "episodes"):
             assert ranks[key] == pytest.approx(single[key], rel=1e-12), (single["step"], key)
         for key in ("entropy", "loss/total"):
             assert ranks[key] == pytest.approx(single[key], rel=1e-5), (single["step"], key)

@@ -16,8 +16,8 @@ from agents.training.rank_metrics import all_rank_metrics
 # Each rank's step metrics and update-statistic names. Rank 0 kept no rows: it ran only idle passes, so it
 # has the optimiser's figures and no loss.
 STEPS: dict[int, tuple[dict[str, float], set[str]]] = {
-    0: ({"reward": 0.5, "lr": 1e-4, "grad_norm": 2.0, "rows": 0.0, "tokens_per_s": 10.0}, {"grad_norm"}),
-    1: ({"reward": 0.7, "lr": 1e-4, "grad_norm": 2.0, "rows": 8.0, "tokens_per_s": 12.0, "loss/policy": 0.3,
+    0: ({"reward": 0.5, "lr": 1e-4, "grad_norm": 2.0, "rows": 0.0, "episodes": 4.0, "tokens_per_s": 10.0}, {"grad_norm"}),
+    1: ({"reward": 0.7, "lr": 1e-4, "grad_norm": 2.0, "rows": 8.0, "episodes": 4.0, "tokens_per_s": 12.0, "loss/policy": 0.3,
          "clip_frac": 0.1, "advantage/mean": 0.4}, {"grad_norm", "loss/policy", "clip_frac"}),
 }
 
@@ -55,7 +55,7 @@ def test_every_rank_logs_the_whole_runs_metrics_even_one_without_rows(tmp_path: 
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1))
     assert rank0 == rank1
     assert rank0["loss/policy"] == pytest.approx(0.3) and rank0["clip_frac"] == pytest.approx(0.1)  # rank 1's shares
-    assert rank0["rows"] == 8.0 and rank0["tokens_per_s"] == pytest.approx(22.0)  # counts add up
+    assert rank0["rows"] == 8.0 and rank0["episodes"] == 8.0 and rank0["tokens_per_s"] == pytest.approx(22.0)  # counts add up
     assert rank0["reward"] == pytest.approx(0.6)  # a mean of the ranks' means
     assert rank0["advantage/mean"] == pytest.approx(0.4)  # a mean over the one rank that has it
     assert rank0["grad_norm"] == 2.0 and rank0["lr"] == 1e-4  # alike on every rank
