@@ -8,8 +8,9 @@ with the seeds of its training world and of its held-out world (``data.world_see
 ``data.eval_world_seed``). Per pair, the demo recipe (``agents/configs/demo.yaml``, or ``--config``) runs as ``python -m agents.train``
 runs it (:func:`agents.training.build.build_trainer`, then :meth:`~agents.training.trainer.Trainer.train`):
 
-1. a tiny Llama over the built-in tokenizer, trained from scratch, evaluated on held-out questions of
-   a world with another seed (names it has never seen, so it must search);
+1. a tiny transformer (Qwen2-shaped: biased queries and keys) over the built-in tokenizer, trained from
+   scratch, evaluated on held-out questions of a world with another seed (names it has never seen, so it
+   must search);
 2. a supervised warm start on scripted demonstrations that stop after the first search on 2-hop
    questions and answer with the bridge entity, except in ``warm_start.second_hop_rate`` of them: a
    systematic mistake, so greedy 2-hop EM starts near 0;
