@@ -175,6 +175,8 @@ class VLLMEngine:
         self.policy, self.codec = policy, policy.codec
         self.temperature, self.top_p = temperature, top_p
         self.sleep_enabled = bool(sleep)
+        #: The precision the engine computes in (the sync check's tolerance depends on it).
+        self.dtype = dtype
         self._asleep = False
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
         # Removed by close(), or when the engine is collected or the interpreter exits without it.

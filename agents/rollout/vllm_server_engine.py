@@ -149,6 +149,7 @@ class VLLMServerEngine:
         self.policy, self.codec, self.options = policy, policy.codec, options
         self.temperature, self.top_p = temperature, top_p
         self.timeout_s = options.request_timeout_s
+        self.dtype = options.dtype  #: the servers' precision (the sync check's tolerance depends on it)
         self.lora = policy.has_adapters
         self.version = self.syncs = 0
         #: The policy's weights changed since the servers last took them (see :meth:`attach`).

@@ -47,14 +47,16 @@ from agents.policies.policy import HFPolicy
 from agents.rollout.batch import TrainBatch, build_batch
 from agents.rollout.collect import RolloutTimings, collect_rollouts
 from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
+from agents.rollout.sync_check import SyncCheck, default_tolerance, env_probe, policy_logprobs
 from agents.training.backends import TrainingBackend
+from agents.training.backends.base import training_dtype
 from agents.training.callbacks import Callback, TrainerControl, stop_on_interrupt
 from agents.training.checkpoint import clean_run_folder, load_run, load_run_backend, open_run, save_run
 from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
 from agents.training.evaluation import EvalResult, evaluate, questions_by_hops, reward_component_means, summarize
-from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
+from agents.training.health import FailedSearchWarning, TrainingFailed, UpdateWatch, search_failures
 from agents.training.library_noise import hide_deepspeed_cpu_notice
 from agents.training.loggers import loggers_for
 from agents.training.rank_metrics import all_rank_metrics
@@ -118,6 +120,9 @@ class Trainer:
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
         self.engine = engine if engine is not None else self._build_engine()
         self.engine.attach(backend)  # it follows the optimiser steps from here on
+        self._engine_closed = False
+        #: Checks each weight sync of an engine with its own copy of the weights (``rollout.sync_check``).
+        self.sync_check = self._build_sync_check()
         # With several data-parallel ranks (backend.world_size > 1) rank 0 alone runs the callbacks: it logs,
         # evaluates, and writes the run's files; every rank rolls out its share of the questions.
         self.callbacks: list[Callback] = ([*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
@@ -222,8 +227,12 @@ class Trainer:
             self._lock = None
 
     def close_environments(self) -> None:
-        """Close the worker and the training and held-out environments (their sources' threads)."""
+        """Close the worker, the rollout engine (servers it launched are stopped; once, whoever built it) and
+        the training and held-out environments (their sources' threads): the trainer is done."""
         self.close()
+        if not self._engine_closed:
+            self._engine_closed = True
+            self.engine.close()
         self.env.close()
         if self.eval_env is not None:
             self.eval_env.close()
@@ -286,6 +295,7 @@ class Trainer:
             "time/generation": timings.generation_s, "time/env": timings.env_s, "time/search": timings.search_s,
             "time/env_worker": timings.worker_s, "time/rollout": timings.total_s,
             "time/update": now - update_started, "time/step": now - started,
+            **(self.sync_check.take_metrics() if self.sync_check is not None else {}),
         }
         if self.backend.world_size > 1:
             metrics = all_rank_metrics(self.backend, metrics, update_keys)
@@ -334,6 +344,7 @@ class Trainer:
             questions = questions[rank * wanted : (rank + 1) * wanted]
             with self._decoding():
                 agent = self.engine.agent(greedy=False, seed=seed, first_row=rank * wanted * group_size)
+                self._check_sync()
                 rollout = collect_rollouts(agent, self.rollout_env(), questions, group_size=group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)
@@ -403,6 +414,31 @@ class Trainer:
                             max_context=config.env.max_context, seed=config.run.seed, whole_weights=self.backend.generation)
         return lookup_engine(config.rollout.engine).build(config.engine, setup)
 
+    def _build_sync_check(self) -> SyncCheck | None:
+        """The check of ``rollout.sync_check`` for an engine that keeps its own weights and counts its syncs
+        (``None`` for one that decodes the trained policy itself, whose gap is 0 by construction, or ``off``).
+        Its probe comes from the training questions' prompts, seeded by the run's seed."""
+        rollout = self.config.rollout
+        if rollout.sync_check == "off" or self.engine.decodes_trained_policy or not hasattr(self.engine, "syncs"):
+            return None
+        tolerance = rollout.sync_tolerance or default_tolerance(
+            getattr(self.engine, "dtype", "auto"), str(training_dtype(self.config.run.dtype, self.backend.device)))
+        name = rollout.engine if type(self.engine) is lookup_engine(rollout.engine).engine else type(self.engine).__name__
+        return SyncCheck(env_probe(self.env, seed=self.config.run.seed), self._policy_probe_logprobs, engine_name=name,
+                         mode=rollout.sync_check, tolerance=tolerance, error=TrainingFailed, say=say)
+
+    def _policy_probe_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """The trained policy's log-probs of ``sequences`` as the backend computes them for rollouts (eval
+        mode, within ``generation()``: its precision, a sharded policy's weights whole)."""
+        self.backend.eval()
+        with self.backend.generation():
+            return policy_logprobs(self.policy, sequences)
+
+    def _check_sync(self) -> None:
+        """Check the engine's weights if it synced since the last check (:class:`SyncCheck`)."""
+        if self.sync_check is not None:
+            self.sync_check.follow(self.engine)
+
     def _decoding(self) -> Any:
         """The backend's :meth:`~agents.training.backends.base.TrainingBackend.generation` block when the engine
         decodes with the trained policy itself; none for an engine with its own copy of the weights, which
@@ -418,6 +454,7 @@ class Trainer:
         self._call("on_evaluation_start", stage)
         periodic_greedy = stage is None and not self.config.eval.periodic_sampled
         self.engine.wake_up()  # every rank's engine takes the current weights (a collective under ZeRO-3) first
+        self._check_sync()
         with self._decoding():  # rank 0 evaluates, the others wait
             results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled")) if self.backend.rank == 0 else {}
         self.backend.barrier()
