@@ -23,13 +23,15 @@ import torch
 
 from agents.learners.config import AlgorithmConfig
 from agents.learners.core import (
-    BatchCounts, aggregate, as_bool, kl_estimate, masked_mean, policy_loss, rollout_correction, token_share,
+    BatchCounts, PolicyLossTerms, aggregate, as_bool, kl_estimate, masked_mean, policy_loss, rollout_correction,
+    token_share,
 )
+from agents.learners.registry import lookup_policy_loss, register_policy_loss
 
 if TYPE_CHECKING:
     from agents.rollout.batch import TrainBatch
 
-__all__ = ["Algorithm", "PolicyOutputLike", "require"]
+__all__ = ["Algorithm", "PolicyOutputLike", "clipped_surrogate", "require"]
 
 
 class PolicyOutputLike(Protocol):
@@ -46,6 +48,15 @@ def require(value: torch.Tensor | None, name: str, why: str) -> torch.Tensor:
     if value is None:
         raise ValueError(f"{name} is None: {why}")
     return value
+
+
+@register_policy_loss("vanilla")
+def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                      config: AlgorithmConfig) -> PolicyLossTerms:
+    """PPO's per-token clipped surrogate with the config's clip range and dual clip
+    (:func:`~agents.learners.core.policy_loss`): the policy loss of every algorithm unless one names another."""
+    return policy_loss(logprobs, old_logprobs, advantages, mask,
+                       clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip)
 
 
 class Algorithm(ABC):
@@ -68,6 +79,8 @@ class Algorithm(ABC):
         name: the registry name (``--algo``); written only here.
         config_class: the config dataclass this algorithm takes.
         uses_critic: whether the trainer must fill ``batch.values`` before :meth:`compute_advantages`.
+        policy_loss_name: the registered policy loss (:func:`~agents.learners.registry.register_policy_loss`)
+            :meth:`loss` uses per token: ``"vanilla"``, PPO's clipped surrogate, unless a subclass names another.
         reduce_sum: sums a tensor over data-parallel ranks (set by the trainer from its backend when there
             are several), so batch-wide statistics such as whitening cover the whole batch; ``None`` on one
             process.
@@ -76,12 +89,14 @@ class Algorithm(ABC):
     name: ClassVar[str] = ""
     config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     uses_critic: ClassVar[bool] = False
+    policy_loss_name: ClassVar[str] = "vanilla"
 
     def __init__(self, config: AlgorithmConfig, *, max_new_tokens: int = 256) -> None:
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.policy_loss_fn = lookup_policy_loss(self.policy_loss_name)
         self.config = config
         self.max_new_tokens = max_new_tokens
         self.reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -144,8 +159,9 @@ class Algorithm(ABC):
         return torch.where(keep, -self.config.kl_coef * kl, torch.zeros((), dtype=kl.dtype))
 
     def loss(self, mb: TrainBatch, out: PolicyOutputLike, counts: BatchCounts) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the mini-batch's loss: clipped surrogate, plus kl_coef·KL to the
-        reference when KL is a loss term (GRPO's way), minus entropy_coef·entropy. With ``tis_cap`` or
+        """The micro-batch's share of the mini-batch's loss: the policy loss (``policy_loss_name``; PPO's clipped
+        surrogate by default), plus kl_coef·KL to the reference when KL is a loss term (GRPO's way), minus
+        entropy_coef·entropy. With ``tis_cap`` or
         ``seq_mask_delta`` set and the rollout engine's log-probs in the batch, each token's surrogate is
         weighted by :func:`~agents.learners.core.rollout_correction` (the KL and entropy terms are not).
 
@@ -159,9 +175,7 @@ class Algorithm(ABC):
         keep = as_bool(mb.trained_mask)
         old = require(mb.old_logprobs, "batch.old_logprobs", "the clipped surrogate needs the rollout policy's log-probs")
         adv = require(mb.advantages, "batch.advantages", "call compute_advantages(batch) before loss()")
-        terms = policy_loss(
-            out.logprobs, old, adv, keep, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip
-        )
+        terms = self.policy_loss_fn(out.logprobs, old, adv, keep, cfg)
         correction_stats: dict[str, float] = {}
         if (cfg.tis_cap or cfg.seq_mask_delta) and mb.rollout_logprobs is not None:
             fix = rollout_correction(old, mb.rollout_logprobs, keep, tis_cap=cfg.tis_cap, seq_mask_delta=cfg.seq_mask_delta)

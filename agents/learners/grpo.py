@@ -9,19 +9,19 @@ question (group), shared by all its trained tokens. Dr. GRPO and DAPO are settin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from agents.learners.advantages import filter_groups, grpo_advantages, overlong_penalty
 from agents.learners.base import Algorithm
 from agents.learners.config import AlgorithmConfig
-from agents.learners.registry import register_algorithm
+from agents.learners.registry import lookup_advantage, register_advantage, register_algorithm
 
 if TYPE_CHECKING:
     from agents.rollout.batch import TrainBatch
 
-__all__ = ["GRPO", "GRPOConfig"]
+__all__ = ["GRPO", "GRPOConfig", "group_relative_advantages"]
 
 
 @dataclass
@@ -73,16 +73,31 @@ def agent_lengths(batch: TrainBatch) -> torch.Tensor:
     return torch.tensor([int(t.agent_mask.sum()) for t in batch.trajectories], dtype=torch.long)
 
 
+@register_advantage("grpo")
+def group_relative_advantages(batch: TrainBatch, scores: torch.Tensor, config: GRPOConfig) -> torch.Tensor:
+    """GRPO's estimator: each row's group-normalised score (centred only when ``config.scale_rewards`` is
+    False) on all its trained tokens (:func:`~agents.learners.advantages.grpo_advantages`)."""
+    return grpo_advantages(scores, batch.group_index, batch.trained_mask, scale=config.scale_rewards)
+
+
 @register_algorithm
 class GRPO(Algorithm):
-    """Group-relative policy optimisation (and its Dr. GRPO / DAPO variants, see the module docstring)."""
+    """Group-relative policy optimisation (and its Dr. GRPO / DAPO variants, see the module docstring).
+
+    Attributes:
+        advantage_estimator: the registered estimator (:func:`~agents.learners.registry.register_advantage`)
+            that turns the shaped scores into advantages: ``"grpo"`` here; a subclass names another and
+            keeps everything else (dynamic sampling, overlong punishment, KL in the reward).
+    """
 
     name = "grpo"
     config_class = GRPOConfig
     config: GRPOConfig
+    advantage_estimator: ClassVar[str] = "grpo"
 
     def __init__(self, config: GRPOConfig, *, max_new_tokens: int = 256) -> None:
         super().__init__(config, max_new_tokens=max_new_tokens)
+        self.advantage_fn = lookup_advantage(self.advantage_estimator)
         if config.overlong_buffer > max_new_tokens:
             raise ValueError(f"overlong_buffer must be in [0, max_new_tokens={max_new_tokens}], got {config.overlong_buffer}")
 
@@ -110,14 +125,15 @@ class GRPO(Algorithm):
         return batch.select(torch.nonzero(keep).squeeze(1))
 
     def compute_advantages(self, batch: TrainBatch) -> dict[str, float]:
-        """Group-normalised shaped scores on every trained token; with ``kl_in_reward`` the score is first
-        reduced by kl_coef x the row's summed KL (verl's GRPO with a KL reward)."""
+        """The ``advantage_estimator``'s advantages of the shaped scores (GRPO: group-normalised, on every
+        trained token); with ``kl_in_reward`` the score is first reduced by kl_coef x the row's summed KL
+        (verl's GRPO with a KL reward)."""
         shaped = self.shaped_scores(batch)
         scores = shaped
         kl_rewards = self.kl_rewards(batch)
         if kl_rewards is not None:
             scores = scores + kl_rewards.sum(dim=1)
-        batch.advantages = grpo_advantages(scores, batch.group_index, batch.trained_mask, scale=self.config.scale_rewards)
+        batch.advantages = self.advantage_fn(batch, scores, self.config)
         stats = self._advantage_stats(batch, kl_rewards)
         stats["groups/informative_frac"] = float(filter_groups(scores, batch.group_index).float().mean()) if len(batch) else 0.0
         if self.config.overlong_buffer > 0 and len(batch):
