@@ -25,8 +25,8 @@ class ScoredEngine:
 
     def logprobs(self, sequences):
         self.calls += 1
-        assert [list(s) for s in sequences] == PROBE
-        return self.rows
+        assert len(sequences) == 1  # one sequence per request (see SyncCheck.__call__)
+        return [self.rows[PROBE.index(list(sequences[0]))]]
 
 
 TRAINER = [[0.0, -1.0, -2.5], [0.0, -0.25]]
@@ -83,7 +83,7 @@ def test_follow_checks_once_per_sync_and_the_metric_is_the_largest_gap_since_it_
     engine = ScoredEngine([[0.0, -1.0, -2.5], [0.0, -0.2]])
     assert check.follow(engine) is None and engine.calls == 0  # no sync yet
     engine.syncs = 1
-    assert check.follow(engine) == pytest.approx(0.05) and check.follow(engine) is None and engine.calls == 1
+    assert check.follow(engine) == pytest.approx(0.05) and check.follow(engine) is None and engine.calls == len(PROBE)
     engine.rows = [[0.0, -1.0, -2.5], [0.0, -0.17]]
     engine.syncs = 2
     check.follow(engine)

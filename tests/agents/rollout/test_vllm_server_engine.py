@@ -129,6 +129,35 @@ def test_weights_sync_over_the_group_and_the_version_counts_syncs(engine, policy
     assert engine.version == version + 2 and agent.weights_version == version + 1
 
 
+def test_the_sync_check_passes_a_sync_and_stops_one_that_sent_nothing(engine, policy, monkeypatch):
+    """The checked-sync API on the servers (both replicas score the probe): after a real sync the gap is far
+    below the float32 tolerance; a sync whose broadcast is skipped (the version still goes up) fails the
+    check with its one line; the servers are then synced for real again."""
+    from agents.rollout.sync_check import StaleEngineError, SyncCheck, default_tolerance, make_probe, policy_logprobs
+
+    probe = make_probe([policy.codec.encode(SEQUENCE), policy.codec.encode("Where is the Tallis Group based?")], seed=0,
+                       count=2, length=12)
+    check = SyncCheck(probe, lambda sequences: policy_logprobs(policy.eval(), sequences), engine_name="vllm-server",
+                      tolerance=default_tolerance(engine.dtype, "float32"))
+    engine.sync()
+    good = check.follow(engine)
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    with torch.no_grad():
+        policy.model.lm_head.weight.add_(torch.randn(policy.model.lm_head.weight.shape, generator=torch.Generator().manual_seed(2)))
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(engine, "_broadcast", lambda method, args, weights: [])
+            engine.sync()
+        with pytest.raises(StaleEngineError) as caught:
+            check.follow(engine)
+    finally:
+        policy.model.load_state_dict(saved)
+        engine.sync()
+    assert good is not None and good < 1e-4, check.gaps
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"weight sync check: engine vllm-server, sync {engine.syncs - 1}:"), message
+
+
 def test_an_optimiser_step_makes_the_weights_stale_and_the_next_rollout_syncs(engine, policy):
     from agents.learners import GRPO, GRPOConfig
     from agents.training.backends import build_backend
