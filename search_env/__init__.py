@@ -25,13 +25,13 @@ __all__ = [
     "available_protocols", "SEED_PROTOCOLS", "UnknownNameError", "Passage", "Source", "SourceError", "Trajectory",
     "AGENT", "ENVIRONMENT", "Action", "Observation", "StepResult", "QAExample", "load_dataset",
     "FixedWindowObservation", "FullContextObservation", *("BM25Source", "CachedSource", "DenseSource", "HybridSource",
-                                                          "RemoteSource", "TimeLimitedSource"),
+                                                          "ProbeSource", "RemoteSource", "TimeLimitedSource"),
 ]
 __version__ = "0.1.0"
 
 #: The sources, importable from the package where users look for them; loaded on first use (dense
 #: retrieval needs torch and faiss, BM25 its index library).
-_SOURCES = {"BM25Source", "CachedSource", "DenseSource", "HybridSource", "RemoteSource", "TimeLimitedSource"}
+_SOURCES = {"BM25Source", "CachedSource", "DenseSource", "HybridSource", "ProbeSource", "RemoteSource", "TimeLimitedSource"}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_REPS", "Interval", "Profile", "iqm", "performance_profile", "probability_of_improvement", "stratified_bootstrap_ci"]
+__all__ = ["DEFAULT_REPS", "Interval", "Profile", "iqm", "performance_profile", "probability_of_improvement",
+           "stratified_bootstrap_ci"]
 
 #: Bootstrap resamples when a caller does not say (rliable's default for interval estimates).
 DEFAULT_REPS = 2000

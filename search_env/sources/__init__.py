@@ -1,4 +1,5 @@
-"""Search sources: one batched interface (:class:`Source`) over BM25, dense, hybrid and remote retrieval.
+"""Search sources: one batched interface (:class:`Source`) over BM25, dense, hybrid and remote retrieval, and
+wrappers over any source (a cache, a time limit, probes that spoil a share of queries on purpose).
 
 ``DenseSource`` (torch, faiss) and ``RemoteSource`` (urllib3) load their dependencies on first use.
 """
@@ -8,12 +9,13 @@ from search_env.sources.base import Passage, Source, SourceError
 from search_env.sources.bm25 import BM25Source
 from search_env.sources.cache import CachedSource
 from search_env.sources.hybrid import HybridSource, reciprocal_rank_fusion
+from search_env.sources.probes import PROBES, ProbeSource
 from search_env.sources.recorded import RecordedSource, RetrievalRecording
 from search_env.sources.time_limit import TimeLimitedSource
 
 __all__ = [
     "Passage", "Source", "SourceError", "BM25Source", "CachedSource", "TimeLimitedSource", "HybridSource",
-    "reciprocal_rank_fusion", "DenseSource", "RemoteSource", "RecordedSource", "RetrievalRecording",
+    "reciprocal_rank_fusion", "ProbeSource", "PROBES", "DenseSource", "RemoteSource", "RecordedSource", "RetrievalRecording",
 ]
 _LAZY = {"DenseSource": "search_env.sources.dense", "RemoteSource": "search_env.sources.remote"}
 
