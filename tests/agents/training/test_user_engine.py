@@ -107,8 +107,9 @@ def test_build_trainer_trains_and_evaluates_with_a_registered_engine(tmp_path):
     assert ToyEngine.built == [engine] and engine.options == ToyEngineOptions("python") and engine.policy is trainer.policy
     steps = [r for r in records(tmp_path / "metrics.jsonl") if "updates/applied" in r]
     optimiser_steps = sum(r["updates/applied"] + r["updates/skipped"] for r in steps)
-    # one rollout per step; the start and final evaluations, greedy and sampled; one wake-up per evaluation
-    assert engine.calls == Counter(attach=1, agent=2 + 2 * 2, wake_up=2, step=optimiser_steps), engine.calls
+    # one rollout per step; the start and final evaluations, greedy and sampled; one wake-up per evaluation;
+    # closed once when the trainer closes its environments
+    assert engine.calls == Counter(attach=1, agent=2 + 2 * 2, wake_up=2, step=optimiser_steps, close=1), engine.calls
     assert optimiser_steps == 2 * 4  # two passes of two mini-batches per step: the hook saw each one
     assert trainer.algorithm.config.tis_cap == 0.0  # the engine's log-probs are the trainer's: no correction
     written = json.loads((tmp_path / "config.json").read_text())
