@@ -5,6 +5,7 @@ sample budget and seeds.
 
     python -m benchmarks.algorithms [--algorithms ...] [--seeds 0 1 2] [--output-dir runs/algorithms] [--set GROUP.FIELD=VALUE ...]
     python -m benchmarks.algorithms --quick      # a few minutes: a small world, a short warm start, one seed
+    python -m benchmarks.algorithms --import my_module --algorithms grpo mine   # an algorithm of your own
 
 **The same for every algorithm.** The demo recipe (``agents/configs/demo.yaml``, or ``--config``, with
 ``--set`` changes) fixes the task, model, environment, sampling, optimiser and held-out evaluation. Per
@@ -21,6 +22,9 @@ every run (:func:`agents.training.data.build_data`).
 
 **What differs** is each algorithm's own definition, in :data:`VARIANTS`: its advantage estimator and
 its loss settings (Dr. GRPO and DAPO as settings of GRPO, as :mod:`agents.learners.grpo` defines them).
+Any other registered algorithm (``agents.learners.register_algorithm``, in a module ``--import`` loads
+first) runs by its name with its own defaults and the shared fields, sampling ``group_size`` answers per
+question like the grouped ones (:func:`registered_variant`).
 
 **Recorded per step**, from the trainer's step metrics (``metrics.jsonl`` holds the same numbers):
 training reward, searches and agent tokens per episode, and the policy's entropy on trained tokens
@@ -40,8 +44,13 @@ end, for at least ``--window`` steps.
 with its ``metrics.jsonl``); a PNG per metric (mean over seeds, with the min-max band over seeds);
 ``table.md`` and ``table.csv`` (per algorithm, mean ± standard deviation over seeds: final training
 reward and other step metrics as means over the last ``--window`` steps, the final held-out EM, the
-collapse steps, wall and CPU minutes of the run); ``runs.csv`` (the same per run); ``results.json``
-(everything, with each run's curves and the machine). A run that finished (its record is in its folder,
+area under the held-out EM curve (trapezoids over the evaluations, divided by their step span), the
+collapse steps, wall and CPU minutes of the run; the interquartile mean of the final held-out EM and of
+the area with stratified-bootstrap 95% intervals, after Agarwal et al. 2021
+(:mod:`benchmarks.common.rl_statistics`, ``--bootstrap-reps`` resamples, seed 0); each seed's step to
+held-out EM 0.5 and 0.8; and, with two seeds or more, a second table of the probability of improvement
+``P(X > Y)`` between every pair); ``runs.csv`` (the same per run, with the training episodes each
+threshold took); ``results.json`` (everything, with each run's curves and the machine). A run that finished (its record is in its folder,
 :data:`benchmarks.common.algorithm_runs.RECORD_FILE`) with the same settings is not trained again: a
 stopped benchmark goes on where it was, and the seeds may be run by separate commands side by side (``--seeds 1``, ``--seeds 2`` into the same
 ``--output-dir``) before one command with all of them writes the table; a run with other settings is
@@ -51,6 +60,7 @@ environment worker's left out) less so.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -60,8 +70,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from benchmarks.common.algorithm_runs import COLLAPSE_FRACTIONS, METRICS, AlgorithmCurve, RunRecord, finished_run, save_finished_run
-from benchmarks.common.algorithm_tables import format_table, plot_metric, summarize, write_csvs
+from benchmarks.common.algorithm_tables import format_improvements, format_table, improvements, plot_metric, summarize, write_csvs
 from benchmarks.common.collapse import collapse_step
+from benchmarks.common.rl_statistics import DEFAULT_REPS
 from benchmarks.learning import DEMO_RECIPE, demo_config
 from search_env.console import HelpFormatter
 
@@ -69,7 +80,7 @@ if TYPE_CHECKING:
     from agents.training.config import TrainConfig
     from agents.training.data import RunData
 
-__all__ = ["QUICK", "SHARED_FIELDS", "VARIANTS", "Variant", "main", "run_algorithm", "variant_config"]
+__all__ = ["QUICK", "SHARED_FIELDS", "VARIANTS", "Variant", "main", "registered_variant", "run_algorithm", "variant_config"]
 
 Setting = Any
 """A variant's value for an ``algorithm`` field: a plain value, or a function of the shared recipe's
@@ -133,6 +144,24 @@ QUICK = {
     "warm_start.examples": 6000, "run.steps": 16, "eval.every": 4, "eval.questions": 30,
     "rollout.questions_per_step": 4, "algorithm.group_size": 4,
 }
+
+
+def registered_variant(name: str) -> Variant:
+    """The variant that runs a registered algorithm :data:`VARIANTS` does not name: the algorithm's own
+    defaults (plus :data:`SHARED_FIELDS`), ``group_size`` answers per question (a group is what the newer
+    estimators compare; an algorithm that needs none still gets the same sample budget).
+
+    Raises:
+        ValueError: no algorithm is registered as ``name`` (one line, with the names that are).
+    """
+    from agents.learners.registry import ALGORITHMS
+
+    if name not in ALGORITHMS:
+        raise ValueError(f"--algorithms {name}: not a benchmark variant or a registered algorithm; known: "
+                         f"{', '.join([*_BY_NAME, *sorted(set(ALGORITHMS) - set(_BY_NAME))])} (--import MODULE registers more)")
+    return Variant(name, name, True, {}, f"the registered algorithm {name!r} with its own defaults, group_size answers per question")
+
+
 DEFAULT_CACHE = Path.home() / ".cache" / "searchqa_gym" / "warm_starts"
 
 
@@ -184,8 +213,10 @@ def run_algorithm(config: TrainConfig, algorithm: str, *, window: int, log: Call
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.algorithms", description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--algorithms", nargs="+", default=[v.name for v in VARIANTS], choices=[v.name for v in VARIANTS],
-                        metavar="NAME", help=f"the algorithms to run, of: {', '.join(_BY_NAME)}")
+    parser.add_argument("--algorithms", nargs="+", default=[v.name for v in VARIANTS], metavar="NAME",
+                        help=f"the algorithms to run: {', '.join(_BY_NAME)}, or any registered algorithm's name")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first, so the algorithms it registers can be named in --algorithms")
     parser.add_argument("--seeds", type=int, nargs="+", help="model seeds (run.seed), one warm start each (default: 0 1 2; --quick: 0)")
     parser.add_argument("--config", type=Path, default=DEMO_RECIPE, help="the shared recipe")
     parser.add_argument("--set", nargs="*", default=[], metavar="GROUP.FIELD=VALUE",
@@ -196,6 +227,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy-cache", type=Path, default=DEFAULT_CACHE,
                         help="where the warm-started policies are kept between runs, one folder per set of settings")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/algorithms"), help="runs, tables, plots and results.json")
+    parser.add_argument("--bootstrap-reps", type=int, default=DEFAULT_REPS,
+                        help="stratified-bootstrap resamples of the confidence intervals (seeded, so tables are reproducible)")
     return parser
 
 
@@ -205,10 +238,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds repeats a seed: {' '.join(map(str, seeds))}")
+    if args.bootstrap_reps < 1:
+        parser.error(f"--bootstrap-reps must be >= 1, got {args.bootstrap_reps}")
     quick = [f"{k}={v}" for k, v in QUICK.items()] if args.quick else []
-    variants = [_BY_NAME[name] for name in dict.fromkeys(args.algorithms)]
     runs_dir = args.output_dir / "runs"
     try:
+        for module in args.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ValueError(f"--import {module}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        variants = [_BY_NAME[name] if name in _BY_NAME else registered_variant(name) for name in dict.fromkeys(args.algorithms)]
         base = demo_config([*quick, *args.set], recipe=args.config)
         if base.eval.questions < 1:
             raise ValueError("held-out EM needs held-out questions: eval.questions must be >= 1")
@@ -265,8 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if data is not None:
             data.close()
-    rows = summarize(records, window)
-    table = format_table(rows)
+    rows = summarize(records, window, reps=args.bootstrap_reps)
+    pairs = improvements(records, window, reps=args.bootstrap_reps)
+    table = format_table(rows) + (f"\n\n{format_improvements(pairs)}" if pairs else "")
     print()
     print(table)
     out = args.output_dir
@@ -280,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
                               "algorithm": next(asdict(c.algorithm) for vv, _, c in planned if vv is v)} for v in variants},
         "warm_starts": {str(seed): {**asdict(w), "policy_dir": str(w.policy_dir)} for seed, w in warm_starts.items()},
-        "summary": rows, "runs": [asdict(r) for r in records], "machine": machine,
+        "bootstrap_reps": args.bootstrap_reps, "summary": rows, "improvements": pairs, "runs": [asdict(r) for r in records], "machine": machine,
         "load_average_end": list(os.getloadavg()),
         "minutes": (time.perf_counter() - started) / 60,
     }

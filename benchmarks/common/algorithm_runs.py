@@ -74,8 +74,9 @@ class RunRecord:
     """One algorithm's run at one seed.
 
     Attributes:
-        steps: per training step, ``step`` and the step metrics of :data:`METRICS` (``None`` where the step
-            had none, e.g. no entropy in a step whose update had no trained tokens).
+        steps: per training step, ``step``, the step metrics of :data:`METRICS` (``None`` where the step
+            had none, e.g. no entropy in a step whose update had no trained tokens) and ``episodes``, those
+            rolled out for training up to and including this step (what a threshold cost in samples).
         evaluations: per held-out evaluation, ``step``, ``stage`` (``"start"``, ``"final"`` or ``None``),
             ``heldout_em`` and ``heldout_em_2hop`` (greedy).
         episodes: episodes rolled out for training, all steps together.
@@ -121,7 +122,8 @@ class AlgorithmCurve(Callback):
         self._kl = kl_to_reference(trainer.policy, self._reference, trajectories, temperature=trainer.config.rollout.temperature)
 
     def on_update(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
-        point = {"step": trainer.step, **{name: _number(metrics.get(name)) for name in _TRAINER_METRICS}, "kl": self._kl}
+        point = {"step": trainer.step, **{name: _number(metrics.get(name)) for name in _TRAINER_METRICS}, "kl": self._kl,
+                 "episodes": self.record.episodes}
         self.record.steps.append(point)
 
     def on_evaluation_start(self, trainer: Trainer, stage: str | None) -> None:

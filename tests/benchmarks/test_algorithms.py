@@ -206,3 +206,35 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
     # other settings (here the collapse window) train the runs again
     assert main([*argv, "--window", "1"]) == 0
     assert "finished already" not in capsys.readouterr().out and worlds == [10, 11]
+
+
+def test_an_algorithm_a_user_registers_runs_through_the_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import main
+
+    # an unknown name is refused in one line that says how to register more, before anything runs
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--algorithms", "tiny-pg", "--output-dir", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "tiny-pg: not a benchmark variant or a registered algorithm" in err and "--import" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--import", "tests.benchmarks.no_such_module", "--algorithms", "grpo"])
+    assert exit_info.value.code == 2 and "--import tests.benchmarks.no_such_module" in capsys.readouterr().err
+
+    out = tmp_path / "out"
+    assert main(["--quick", "--import", "tests.benchmarks.tiny_algorithm", "--algorithms", "tiny-pg", "--seeds", "0", "1",
+                 "--bootstrap-reps", "50", "--policy-cache", str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
+    printed = capsys.readouterr().out
+    # a registered algorithm samples group_size answers per question: 2 questions x 2 answers
+    assert "run 1/2: tiny-pg seed 0, 2 questions x 2 per step, 2 steps" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["algorithm"], r["seed"]) for r in results["runs"]] == [("tiny-pg", 0), ("tiny-pg", 1)]
+    assert results["variants"]["tiny-pg"]["algo"] == "tiny-pg"
+    for run in results["runs"]:
+        assert [p["episodes"] for p in run["steps"]] == [4, 8]  # the training episodes by each step
+    row = results["summary"][0]
+    assert row["heldout_em_iqm"]["low"] <= row["heldout_em_iqm"]["value"] <= row["heldout_em_iqm"]["high"]
+    assert set(row["to_threshold"]) == {"0.5", "0.8"} and results["improvements"] == []  # one algorithm: no pair
+    with open(out / "runs.csv", newline="") as handle:
+        runs = list(csv.DictReader(handle))
+    assert [r["algorithm"] for r in runs] == ["tiny-pg", "tiny-pg"] and all(r["heldout_em_auc"] for r in runs)

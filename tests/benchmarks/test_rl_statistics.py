@@ -107,3 +107,63 @@ def test_performance_profile_fractions_above_each_threshold() -> None:
     assert performance_profile([[0.2, 0.6], [0.8, 0.6]], [0.5], reps=10).fractions == [0.75]
     with pytest.raises(ValueError, match="taus"):
         performance_profile([0.1], [])
+
+
+# --- the benchmark's per-run metrics and tables ----------------------------------------------------
+
+
+def _record(algorithm: str, seed: int, ems: list[tuple[int, float]], episodes_per_step: int = 4):  # -> RunRecord
+    from benchmarks.common.algorithm_runs import METRICS, RunRecord
+
+    last = ems[-1][0]
+    step_metrics = {name: 0.0 for name, (_, heldout) in METRICS.items() if not heldout}
+    stages = ["start"] + [None] * (len(ems) - 2) + ["final"]
+    return RunRecord(algorithm, seed, f"/runs/{algorithm}/{seed}",
+                     steps=[{"step": s, **step_metrics, "episodes": s * episodes_per_step} for s in range(1, last + 1)],
+                     evaluations=[{"step": s, "stage": stage, "heldout_em": em, "heldout_em_2hop": None}
+                                  for (s, em), stage in zip(ems, stages)],
+                     episodes=last * episodes_per_step)
+
+
+def test_area_under_the_em_curve_and_steps_to_thresholds_by_hand() -> None:
+    pytest.importorskip("torch")
+    from benchmarks.common.algorithm_tables import area_under_curve, to_threshold
+
+    # evaluations at steps 0, 2, 6 with EM 0, 0.6, 0.9: trapezoids 2 * (0 + 0.6) / 2 = 0.6 and
+    # 4 * (0.6 + 0.9) / 2 = 3.0; area 3.6 over the span 6 -> 0.6
+    run = _record("x", 0, [(0, 0.0), (2, 0.6), (6, 0.9)], episodes_per_step=8)
+    assert area_under_curve(run) == pytest.approx(0.6)
+    # EM 0.5 first reached at step 2 (16 episodes rolled out by then), 0.8 at step 6 (48); 0.95 never
+    assert to_threshold(run, 0.5) == {"step": 2, "episodes": 16}
+    assert to_threshold(run, 0.8) == {"step": 6, "episodes": 48}
+    assert to_threshold(run, 0.95) is None
+    # a warm start already above the threshold reaches it at step 0, before any episode
+    assert to_threshold(_record("x", 0, [(0, 0.7), (1, 0.4)]), 0.5) == {"step": 0, "episodes": 0}
+    assert area_under_curve(_record("x", 0, [(0, 0.7)])) is None  # one evaluation has no area
+
+
+def test_the_tables_carry_iqm_intervals_thresholds_and_improvements() -> None:
+    pytest.importorskip("torch")
+    from benchmarks.common.algorithm_tables import format_improvements, format_table, improvements, summarize
+
+    # "fast" reaches 0.8 by step 2 in both seeds, "slow" never: final EM 0.8 / 0.9 against 0.3 / 0.4
+    records = [_record("fast", 0, [(0, 0.0), (2, 0.8), (4, 0.8)]), _record("fast", 1, [(0, 0.0), (2, 0.9), (4, 0.9)]),
+               _record("slow", 0, [(0, 0.0), (2, 0.1), (4, 0.3)]), _record("slow", 1, [(0, 0.0), (2, 0.2), (4, 0.4)])]
+    rows = summarize(records, window=1, reps=200)
+    fast = rows[0]
+    # two seeds: nothing is trimmed, the IQM is the mean (0.8 + 0.9) / 2; resamples lie within [0.8, 0.9]
+    assert fast["heldout_em_iqm"]["value"] == pytest.approx(0.85)
+    assert 0.8 <= fast["heldout_em_iqm"]["low"] <= fast["heldout_em_iqm"]["high"] <= 0.9
+    # areas: seed 0 (2 * 0.4 + 2 * 0.8) / 4 = 0.6, seed 1 (2 * 0.45 + 2 * 0.9) / 4 = 0.675
+    assert fast["heldout_em_auc"]["mean"] == pytest.approx(0.6375)
+    assert fast["to_threshold"]["0.8"] == [{"step": 2, "episodes": 8}, {"step": 2, "episodes": 8}]
+    assert rows[1]["to_threshold"]["0.5"] == [None, None]
+    table = format_table(rows)
+    assert "EM IQM [95% CI]" in table and "| 2, 2 |" in table and "| -, - |" in table
+    pairs = improvements(records, window=1, reps=200)
+    # every fast run above every slow run, on the final EM and on the area: P = 1 in every resample
+    assert pairs == [{"x": "fast", "y": "slow", "heldout_em": {"value": 1.0, "low": 1.0, "high": 1.0},
+                      "heldout_em_auc": {"value": 1.0, "low": 1.0, "high": 1.0}}]
+    assert "| fast | slow | 1.000 | 1.000 |" in format_improvements(pairs)
+    # one seed of an algorithm: no pair to compare
+    assert improvements(records[::2], window=1, reps=10) == [] and format_improvements([]) == ""
