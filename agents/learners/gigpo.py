@@ -60,8 +60,8 @@ class GiGPOConfig(GRPOConfig):
         step_weight: ω, the step advantage's weight in ``A_episode + ω · A_step`` (verl-agent:
             ``step_advantage_w`` 1.0); 0 gives GRPO's advantages.
         step_gamma: discount per turn of the step return (verl-agent's ``gamma`` 0.95): with an outcome-only
-            reward, the earlier of two turns that reach the same score from the same anchor earns less,
-            which favours reaching it in fewer searches.
+            reward a turn earns step_gamma^(turns left after it) x the score, so from one anchor the turn
+            that reaches the same score in fewer searches earns more.
         anchor: ``"observations"`` (the turn index and the observations seen so far) or ``"context"`` (the
             exact token context before the turn).
     """
