@@ -47,7 +47,8 @@ class RLOOConfig(AlgorithmConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.group_size < 2:
-            raise ValueError(f"RLOO's leave-one-out baseline needs another sample: group_size must be >= 2, got {self.group_size}")
+            raise ValueError(
+                f"RLOO's leave-one-out baseline needs another sample: group_size must be >= 2, got {self.group_size}")
 
 
 def leave_one_out_scores(scores: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
