@@ -50,7 +50,9 @@ the area with stratified-bootstrap 95% intervals, after Agarwal et al. 2021
 (:mod:`benchmarks.common.rl_statistics`, ``--bootstrap-reps`` resamples, seed 0); each seed's step to
 held-out EM 0.5 and 0.8; and, with two seeds or more, a second table of the probability of improvement
 ``P(X > Y)`` between every pair); ``runs.csv`` (the same per run, with the training episodes each
-threshold took); ``results.json`` (everything, with each run's curves and the machine). A run that finished (its record is in its folder,
+threshold took); ``heldout_em_profile.png``, the performance profiles of the final held-out EM (the
+fraction of seeds above each EM, with bootstrap bands); ``results.json`` (everything, with each run's
+curves and the machine). A run that finished (its record is in its folder,
 :data:`benchmarks.common.algorithm_runs.RECORD_FILE`) with the same settings is not trained again: a
 stopped benchmark goes on where it was, and the seeds may be run by separate commands side by side (``--seeds 1``, ``--seeds 2`` into the same
 ``--output-dir``) before one command with all of them writes the table; a run with other settings is
@@ -70,7 +72,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from benchmarks.common.algorithm_runs import COLLAPSE_FRACTIONS, METRICS, AlgorithmCurve, RunRecord, finished_run, save_finished_run
-from benchmarks.common.algorithm_tables import format_improvements, format_table, improvements, plot_metric, summarize, write_csvs
+from benchmarks.common.algorithm_tables import (
+    format_improvements, format_table, improvements, plot_metric, plot_profiles, profiles, summarize, write_csvs,
+)
 from benchmarks.common.collapse import collapse_step
 from benchmarks.common.rl_statistics import DEFAULT_REPS
 from benchmarks.learning import DEMO_RECIPE, demo_config
@@ -315,13 +319,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     write_csvs(rows, records, window, out)
     plots = [str(plot_metric(records, metric, out / f"{metric}.png")) for metric in METRICS]
+    profile_curves = profiles(records, window, reps=args.bootstrap_reps)
+    if profile_curves:
+        plots.append(str(plot_profiles(profile_curves, out / "heldout_em_profile.png")))
     results = {
         "recipe": str(args.config), "quick": args.quick, "set": args.set, "seeds": seeds, "window": window,
         "collapse_fractions": COLLAPSE_FRACTIONS, "config": base.as_dict(),
         "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
                               "algorithm": next(asdict(c.algorithm) for vv, _, c in planned if vv is v)} for v in variants},
         "warm_starts": {str(seed): {**asdict(w), "policy_dir": str(w.policy_dir)} for seed, w in warm_starts.items()},
-        "bootstrap_reps": args.bootstrap_reps, "summary": rows, "improvements": pairs, "runs": [asdict(r) for r in records], "machine": machine,
+        "bootstrap_reps": args.bootstrap_reps, "summary": rows, "improvements": pairs, "profiles": profile_curves,
+        "runs": [asdict(r) for r in records], "machine": machine,
         "load_average_end": list(os.getloadavg()),
         "minutes": (time.perf_counter() - started) / 60,
     }

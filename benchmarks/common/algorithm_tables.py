@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import csv
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from benchmarks.common.algorithm_runs import COLLAPSE_FRACTIONS, METRICS, RunRecord
-from benchmarks.common.rl_statistics import DEFAULT_REPS, Interval, probability_of_improvement, stratified_bootstrap_ci
+from benchmarks.common.rl_statistics import (
+    DEFAULT_REPS, Interval, performance_profile, probability_of_improvement, stratified_bootstrap_ci,
+)
 
-__all__ = ["THRESHOLDS", "area_under_curve", "final_value", "format_improvements", "format_table", "improvements", "plot_metric",
-           "summarize", "to_threshold", "write_csvs"]
+__all__ = ["PROFILE_TAUS", "THRESHOLDS", "area_under_curve", "final_value", "format_improvements", "format_table", "improvements", "plot_metric",
+           "plot_profiles", "profiles", "summarize", "to_threshold", "write_csvs"]
 
 #: Held-out EM levels whose first crossing is recorded per run (steps and episodes to reach them).
 THRESHOLDS = (0.5, 0.8)
+
+#: The thresholds of the performance profiles: held-out EM 0, 0.05, ..., 1.
+PROFILE_TAUS = tuple(i / 20 for i in range(21))
 
 
 def final_value(record: RunRecord, metric: str, window: int) -> float | None:
@@ -131,6 +137,18 @@ def improvements(records: Sequence[RunRecord], window: int, *, reps: int = DEFAU
                          "heldout_em_auc": _interval(probability_of_improvement(x_area, y_area, reps=reps, seed=seed))
                          if len(x_area) >= 2 and len(y_area) >= 2 else None})
     return rows
+
+
+def profiles(records: Sequence[RunRecord], window: int, *, reps: int = DEFAULT_REPS, seed: int = 0) -> dict[str, dict[str, list[float]]]:
+    """Per algorithm with a final held-out EM: its performance profile over :data:`PROFILE_TAUS` (the
+    fraction of its seeds whose final held-out EM is above each threshold, with the bootstrap band:
+    ``taus``, ``fractions``, ``low``, ``high``)."""
+    result = {}
+    for algorithm, runs in _by_algorithm(records).items():
+        finals = [v for v in (final_value(r, "heldout_em", window) for r in runs) if v is not None]
+        if finals:
+            result[algorithm] = asdict(performance_profile(finals, PROFILE_TAUS, reps=reps, seed=seed))
+    return result
 
 
 def _ci(interval: Mapping[str, float] | None, digits: int = 3) -> str:
@@ -261,6 +279,29 @@ def plot_metric(records: Sequence[RunRecord], metric: str, path: Path) -> Path:
     ax.set_xlabel("training step (0: the shared warm start)")
     ax.set_ylabel(METRICS[metric][0])
     ax.set_title(f"{METRICS[metric][0]}: mean over seeds, band min-max")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_profiles(curves: Mapping[str, Mapping[str, list[float]]], path: Path) -> Path:
+    """One PNG of the performance profiles of :func:`profiles`: per algorithm the fraction of seeds above
+    each final held-out EM, with its bootstrap band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    for i, (algorithm, curve) in enumerate(curves.items()):
+        ax.step(curve["taus"], curve["fractions"], where="post", color=f"C{i}", label=algorithm)
+        ax.fill_between(curve["taus"], curve["low"], curve["high"], step="post", color=f"C{i}", alpha=0.18, lw=0)
+    ax.set_xlabel("final held-out greedy EM, tau")
+    ax.set_ylabel("fraction of seeds with EM > tau")
+    ax.set_title("performance profiles (band: 95% stratified bootstrap)")
+    ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -235,6 +235,7 @@ def test_an_algorithm_a_user_registers_runs_through_the_benchmark(tmp_path: Path
     row = results["summary"][0]
     assert row["heldout_em_iqm"]["low"] <= row["heldout_em_iqm"]["value"] <= row["heldout_em_iqm"]["high"]
     assert set(row["to_threshold"]) == {"0.5", "0.8"} and results["improvements"] == []  # one algorithm: no pair
+    assert (out / "heldout_em_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and set(results["profiles"]) == {"tiny-pg"}
     with open(out / "runs.csv", newline="") as handle:
         runs = list(csv.DictReader(handle))
     assert [r["algorithm"] for r in runs] == ["tiny-pg", "tiny-pg"] and all(r["heldout_em_auc"] for r in runs)

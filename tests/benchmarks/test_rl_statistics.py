@@ -144,7 +144,7 @@ def test_area_under_the_em_curve_and_steps_to_thresholds_by_hand() -> None:
 
 def test_the_tables_carry_iqm_intervals_thresholds_and_improvements() -> None:
     pytest.importorskip("torch")
-    from benchmarks.common.algorithm_tables import format_improvements, format_table, improvements, summarize
+    from benchmarks.common.algorithm_tables import PROFILE_TAUS, format_improvements, format_table, improvements, profiles, summarize
 
     # "fast" reaches 0.8 by step 2 in both seeds, "slow" never: final EM 0.8 / 0.9 against 0.3 / 0.4
     records = [_record("fast", 0, [(0, 0.0), (2, 0.8), (4, 0.8)]), _record("fast", 1, [(0, 0.0), (2, 0.9), (4, 0.9)]),
@@ -165,5 +165,10 @@ def test_the_tables_carry_iqm_intervals_thresholds_and_improvements() -> None:
     assert pairs == [{"x": "fast", "y": "slow", "heldout_em": {"value": 1.0, "low": 1.0, "high": 1.0},
                       "heldout_em_auc": {"value": 1.0, "low": 1.0, "high": 1.0}}]
     assert "| fast | slow | 1.000 | 1.000 |" in format_improvements(pairs)
+    curves = profiles(records, window=1, reps=50)
+    # final EMs 0.8 0.9 (fast) and 0.3 0.4 (slow): above tau 0.35 one slow seed of two, above 0.85 one fast seed
+    assert curves["slow"]["fractions"][PROFILE_TAUS.index(0.35)] == 0.5
+    assert curves["fast"]["fractions"][PROFILE_TAUS.index(0.85)] == 0.5
+    assert curves["fast"]["fractions"][PROFILE_TAUS.index(0.5)] == 1.0 and curves["slow"]["fractions"][-1] == 0.0
     # one seed of an algorithm: no pair to compare
     assert improvements(records[::2], window=1, reps=10) == [] and format_improvements([]) == ""
