@@ -24,6 +24,7 @@ share rises is not using its searches::
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -86,6 +87,7 @@ class ProbeSource(Source):
         self.seed = seed
         self.probed = 0
         self._corpus = passages
+        self._count_lock = threading.Lock()  # the NL-DAG executor searches from several threads
 
     @property
     def fork_safe(self) -> bool:
@@ -108,6 +110,7 @@ class ProbeSource(Source):
         if isinstance(queries, str):
             raise TypeError("search() takes a sequence of queries, not a single string")
         results: list[list[Passage] | None] = []
+        probed = 0
         asked: list[str] = []  # in the order of the positions whose results are None
         for query in queries:
             uniform, rng = self._draw(query)
@@ -115,7 +118,7 @@ class ProbeSource(Source):
                 asked.append(query)
                 results.append(None)
                 continue
-            self.probed += 1
+            probed += 1
             if self.probe == "empty":
                 results.append([])
             elif self.probe == "random":
@@ -125,6 +128,8 @@ class ProbeSource(Source):
                 other = self._corpus[int(rng.integers(len(self._corpus)))]
                 asked.append(other.title or other.text)
                 results.append(None)
+        with self._count_lock:
+            self.probed += probed
         answers = iter(checked_results(self.source.search(asked, k), len(asked), self.name) if asked else [])
         return [next(answers) if r is None else r for r in results]
 
