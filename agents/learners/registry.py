@@ -126,10 +126,7 @@ def lookup_advantage(name: str) -> AdvantageFn:
     Raises:
         UnknownNameError: none has that name (the message lists the known ones).
     """
-    try:
-        return ADVANTAGES[name]
-    except KeyError:
-        raise UnknownNameError("advantage estimator", name, ADVANTAGES) from None
+    return _lookup(ADVANTAGES, "advantage estimator", name)
 
 
 def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[F], F]:
@@ -147,7 +144,11 @@ def lookup_policy_loss(name: str) -> PolicyLossFn:
     Raises:
         UnknownNameError: none has that name (the message lists the known ones).
     """
+    return _lookup(POLICY_LOSSES, "policy loss", name)
+
+
+def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
     try:
-        return POLICY_LOSSES[name]
+        return table[name]
     except KeyError:
-        raise UnknownNameError("policy loss", name, POLICY_LOSSES) from None
+        raise UnknownNameError(kind, name, table) from None
