@@ -21,9 +21,12 @@ evaluation against the RL step and against training minutes (wall and process CP
 out), the minutes until 2-hop EM first reaches 0.9, the RL steps and the agent tokens per second of RL.
 Prints a table (start / after the warm start / final, greedy and sampled EM on 1-hop and 2-hop
 questions, minutes, RL tokens per second, load average, and whether the run met :func:`target_met`) and
-saves ``curve.png`` (one line per pair and hop count) and ``results.json``. Process CPU time is reported beside wall time because a shared
-machine's wall clock depends on the others' load; it leaves out the environment worker process
-(``rollout.env_worker``). Measured results are in ``benchmarks/RESULTS.md``.
+saves ``curve.png`` (one figure for all pairs) and ``results.json``. Each pair's record is kept in its run
+folder (:data:`RECORD_FILE`): a command run again with the same settings reads the pairs that finished and
+trains the rest, so a long list can be stopped and resumed, or split between commands
+(``--pairs A B`` and ``--pairs C D`` into one ``--output-dir``, then all four to draw one figure).
+Process CPU time is reported beside wall time because a shared machine's wall clock depends on the others'
+load; it leaves out the environment worker process (``rollout.env_worker``). Measured results are in ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
 
@@ -45,8 +48,8 @@ if TYPE_CHECKING:
     from agents.training.result import TrainResult
     from agents.training.trainer import Trainer
 
-__all__ = ["DEMO_RECIPE", "FRESH_PAIRS", "README_PAIR", "UNTUNED_PAIRS", "LearningCurve", "Pair", "SeedRun", "default_pairs",
-           "demo_config", "for_pair", "run_all",
+__all__ = ["DEMO_RECIPE", "FRESH_PAIRS", "README_PAIR", "RECORD_FILE", "UNTUNED_PAIRS", "LearningCurve", "Pair", "SeedRun",
+           "default_pairs", "demo_config", "finished_seed", "for_pair", "run_all",
            "format_table", "main", "plot", "run_seed", "target_met"]
 
 #: The demo's recipe, the one the README's command trains.
@@ -235,16 +238,18 @@ def _em(value: float | None) -> str:
 
 
 def for_seed(config: TrainConfig, seed: int, output_dir: Path) -> TrainConfig:
-    """``config`` for one seed's run on its own worlds, writing into ``output_dir/seed<seed>``, evaluated by
-    hop count."""
-    return config.updated({"run.seed": seed, "run.output_dir": str(output_dir / f"seed{seed}"), "eval.by_hops": True})
+    """``config`` for one seed's run on its own worlds, writing into ``output_dir/seed<seed>`` (replacing a run
+    there that did not finish with these settings), evaluated by hop count."""
+    return config.updated({"run.seed": seed, "run.output_dir": str(output_dir / f"seed{seed}"), "eval.by_hops": True,
+                           "run.overwrite": True})
 
 
 def for_pair(config: TrainConfig, pair: Pair, output_dir: Path) -> TrainConfig:
-    """``config`` for one pair's run, writing into ``output_dir/seed<seed>-world<world>``, evaluated by
-    hop count."""
+    """``config`` for one pair's run, writing into ``output_dir/seed<seed>-world<world>`` (replacing a run
+    there that did not finish with these settings), evaluated by hop count."""
     return config.updated({"run.seed": pair.seed, "data.world_seed": pair.world_seed, "data.eval_world_seed": pair.eval_world_seed,
-                           "run.output_dir": str(output_dir / f"seed{pair.seed}-world{pair.world_seed}"), "eval.by_hops": True})
+                           "run.output_dir": str(output_dir / f"seed{pair.seed}-world{pair.world_seed}"), "eval.by_hops": True,
+                           "run.overwrite": True})
 
 
 def target_met(run: SeedRun) -> bool:
@@ -260,16 +265,46 @@ def target_met(run: SeedRun) -> bool:
             and final["greedy 2-hop"]["em"] >= TARGET_EM and final["greedy 1-hop"]["em"] >= TARGET_1HOP_EM)
 
 
+#: Each pair's record, written in its run folder when the run ends: a later command with the same settings
+#: reads it instead of training again, so a long list of pairs can be stopped, resumed or split.
+RECORD_FILE = "learning_run.json"
+
+
+def finished_seed(config: TrainConfig) -> SeedRun | None:
+    """The record of a finished run of exactly ``config`` (its :data:`RECORD_FILE`), or None: none there, or
+    one of other settings (that run is trained again, replacing it)."""
+    path = Path(config.run.output_dir) / RECORD_FILE
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    return SeedRun(**saved["run"]) if saved.get("config") == _settings(config) else None
+
+
+def _settings(config: TrainConfig) -> dict[str, Any]:
+    """``config`` as its record keeps it (JSON types), less the warm start's thread count, which changes a
+    run's minutes, not its results."""
+    settings = json.loads(json.dumps(config.as_dict()))
+    settings["warm_start"].pop("num_threads", None)
+    return settings
+
+
 def run_seed(config: TrainConfig, *, log: Callable[[str], Any] = print) -> SeedRun:
-    """One run of ``config`` (a seed or pair, see the module docstring) and what it measured."""
+    """One run of ``config`` (a seed or pair, see the module docstring) and what it measured; a run of the
+    same settings that finished already is read back (:func:`finished_seed`), not trained again."""
     from agents.training.build import build_trainer
 
+    finished = finished_seed(config)
+    if finished is not None:
+        log(f"seed {config.run.seed} worlds {_worlds(finished)}: finished already ({config.run.output_dir}), not trained again")
+        return finished
     curve = LearningCurve(config.run.seed, log, world_seed=config.data.world_seed, eval_world_seed=config.data.eval_world_seed)
     trainer = build_trainer(config, callbacks=[curve])
     try:
         trainer.train()
     finally:
         trainer.close_environments()
+    record = {"config": _settings(config), "run": asdict(curve.run)}
+    (Path(config.run.output_dir) / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return curve.run
 
 
@@ -312,37 +347,41 @@ def _worlds(run: SeedRun) -> str:
 
 
 def plot(runs: Sequence[SeedRun], path: Path) -> Path:
-    """Held-out greedy EM per seed and hop count, against the RL step (from the warm start on) and
-    against training minutes (warm start, then RL)."""
+    """One figure for every run, one colour per pair: held-out greedy 2-hop EM and 1-hop EM against the RL
+    step (from the warm start on), and 2-hop EM against training minutes (warm start, then RL; a mark at the
+    end of each warm start)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_step, by_minutes) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, (two_hop, one_hop, by_minutes) = plt.subplots(1, 3, figsize=(15, 4.4), sharey=True)
+    colors = plt.get_cmap("tab20" if len(runs) > 10 else "tab10")
     for i, run in enumerate(runs):
-        color = f"C{i}"
+        options = {"ms": 3, "lw": 1.2, "color": colors(i), "label": f"seed {run.seed}, worlds {_worlds(run)}"}
         rl = [p for p in run.curve if p["stage"] != "start"] if "warm start" in run.evaluations else run.curve
-        for hops, style in ((2, "-o"), (1, "--")):
-            key, label = f"greedy_{hops}hop", f"seed {run.seed} worlds {_worlds(run)} {hops}-hop"
-            if all(p[key] is None for p in run.curve):
-                continue
-            options = {"ms": 3, "color": color, "alpha": 1.0 if hops == 2 else 0.6}
-            by_step.plot([p["step"] for p in rl], [p[key] for p in rl], style, label=label, **options)
-            by_minutes.plot([p["minutes"] for p in run.curve], [p[key] for p in run.curve], style, label=label, **options)
+        for ax, key in ((two_hop, "greedy_2hop"), (one_hop, "greedy_1hop")):
+            points = [p for p in rl if p[key] is not None]
+            ax.plot([p["step"] for p in points], [p[key] for p in points], "-o", **options)
+        points = [p for p in run.curve if p["greedy_2hop"] is not None]
+        by_minutes.plot([p["minutes"] for p in points], [p["greedy_2hop"] for p in points], "-", **options)
         if "warm start" in run.evaluations:
-            by_minutes.axvline(run.warm_start_minutes, color=color, lw=0.8, alpha=0.4)
-    for ax in (by_step, by_minutes):
+            by_minutes.plot([run.warm_start_minutes], [0.0], "|", color=colors(i), ms=10)
+    for ax, title in ((two_hop, "2-hop questions"), (one_hop, "1-hop questions"), (by_minutes, "2-hop questions")):
         ax.axhline(TARGET_EM, color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)
-    by_step.set_xlabel("GRPO step (0: after the warm start)")
-    by_step.set_ylabel("held-out greedy EM")
-    by_minutes.set_xlabel("training minutes, evaluations excluded (vertical lines: end of warm start)")
-    by_minutes.legend(fontsize=7, ncol=2)
-    fig.suptitle("GRPO after a warm start that skips the second hop")
+        ax.set_title(title, fontsize=10)
+    one_hop.axhline(TARGET_1HOP_EM, color="grey", lw=0.8, ls="--")
+    two_hop.set_ylabel("held-out greedy EM")
+    for ax in (two_hop, one_hop):
+        ax.set_xlabel("GRPO step (0: after the warm start)")
+    by_minutes.set_xlabel("training minutes, evaluations excluded (|: warm start ends)")
+    by_minutes.legend(fontsize=7, loc="center right")
+    pairs = f"{len(runs)} pair{'s' if len(runs) != 1 else ''}"
+    fig.suptitle(f"GRPO after a warm start that skips the second hop: {pairs} of model and world seeds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

@@ -399,6 +399,33 @@ def test_learning_runs_the_recipe_through_the_trainer_and_records_its_curve(tmp_
     assert all(0 <= p[key] <= 1 for p in run["curve"] for key in ("greedy_1hop", "greedy_2hop"))
 
 
+def test_learning_reads_back_pairs_that_finished_and_trains_the_rest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second command with the same settings reads the finished pair's record instead of training it (its
+    metrics file is left as it was) and trains the new pair; a changed setting trains the pair again."""
+    skip_without(*NEEDS["benchmarks.learning"])
+    from benchmarks.learning import RECORD_FILE, main
+
+    tiny = ["run.steps=1", "eval.every=1", "eval.questions=2", "warm_start.steps=2", "warm_start.examples=16",
+            "warm_start.copy_steps=1", "data.world_size=50", "data.world_scale=1", "rollout.questions_per_step=2",
+            "algorithm.group_size=2", "rollout.env_worker=false"]
+    out_dir = tmp_path / "learning"
+    assert main(["--pairs", "0:5:6", "--output-dir", str(out_dir), "--set", *tiny]) == 0
+    first = json.loads((out_dir / "results.json").read_text())["runs"]
+    metrics = out_dir / "seed0-world5" / "metrics.jsonl"
+    written = metrics.read_bytes()
+    assert (out_dir / "seed0-world5" / RECORD_FILE).is_file()
+    capsys.readouterr()
+    assert main(["--pairs", "0:5:6", "1:7:8", "--output-dir", str(out_dir), "--set", *tiny, "warm_start.num_threads=1"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 0 worlds 5/6: finished already" in out and "seed 1 worlds 7/8: finished already" not in out
+    runs = json.loads((out_dir / "results.json").read_text())["runs"]
+    assert [(r["seed"], r["world_seed"]) for r in runs] == [(0, 5), (1, 7)]
+    assert runs[0] == first[0] and metrics.read_bytes() == written
+    assert main(["--pairs", "0:5:6", "--output-dir", str(out_dir), "--set", *tiny, "eval.questions=3"]) == 0
+    assert "finished already" not in capsys.readouterr().out
+    assert metrics.read_bytes() != written
+
+
 def test_learning_target_needs_the_last_three_evaluations_and_the_first_hop() -> None:
     skip_without(*NEEDS["benchmarks.learning"])
     from benchmarks.learning import Pair, SeedRun, target_met
