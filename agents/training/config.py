@@ -67,6 +67,15 @@ class RolloutConfig:
             in float32 (correct syncs measured 1e-6 on the tiny model and up to 4e-4 on SmolLM2-135M), 0.2
             when either computes in bf16 (its rounding alone moves a log-prob by ~0.1); a sync that did
             nothing measured ~0.7 after a large change of the weights.
+        max_staleness: 0: each step's episodes are sampled by the weights it trains (generate, then
+            update). 1: the episodes of step t+1 are generated while step t updates, by the weights of
+            before that update (one version behind; :mod:`agents.training.async_rollout`), so a step takes
+            about the longer of the two phases rather than their sum; the learners' truncated importance
+            sampling (``algorithm.tis_cap``) corrects against the engine's log-probs. It needs an engine
+            with its own copy of the weights (``vllm-server``, ``vllm``) and one process. Larger bounds are
+            refused: the weights of a version would have to be kept and sent while the engine still
+            generates for an earlier one, and one engine that syncs only between rollouts gains nothing
+            from them.
     """
 
     questions_per_step: int = 8
@@ -76,9 +85,12 @@ class RolloutConfig:
     engine: str = "hf"
     sync_check: str = field(default="error", metadata=RESUME_FREE)
     sync_tolerance: float = field(default=0.0, metadata=RESUME_FREE)
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         check_positive("rollout", self, "questions_per_step")
+        if self.max_staleness not in (0, 1):
+            raise ValueError(f"rollout.max_staleness must be 0 (synchronous) or 1 (one step generated ahead), got {self.max_staleness}")
         check_finite("rollout", self, "temperature", "top_p")
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")

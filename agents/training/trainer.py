@@ -28,7 +28,9 @@ loop through ``trainer.control``. Checkpoints hold everything a step depends on 
 (:class:`~agents.training.run_state.RunState`) - so a run stopped at any point and resumed takes exactly
 the steps an uninterrupted run takes; a resume may change only settings that leave a step's computation
 alone (:mod:`agents.training.resume`). Samplers and mini-batch shuffles draw from generators seeded by
-(seed, step), so evaluating more or less often never changes what training does.
+(seed, step), so evaluating more or less often never changes what training does. With
+``rollout.max_staleness`` 1 the next step's episodes are generated while a step updates
+(:mod:`agents.training.async_rollout`).
 """
 from __future__ import annotations
 
@@ -44,10 +46,11 @@ import torch
 
 from agents.learners import Algorithm
 from agents.policies.policy import HFPolicy
-from agents.rollout.batch import TrainBatch, build_batch
-from agents.rollout.collect import RolloutTimings, collect_rollouts
+from agents.rollout.batch import TrainBatch
+from agents.rollout.collect import RolloutTimings
 from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
 from agents.rollout.sync_check import SyncCheck, default_tolerance, env_probe, policy_logprobs
+from agents.training.async_rollout import attach_engine
 from agents.training.backends import TrainingBackend
 from agents.training.backends.base import training_dtype
 from agents.training.callbacks import Callback, TrainerControl, stop_on_interrupt
@@ -69,6 +72,7 @@ from agents.training.run_lock import RunLock, lock_run_folder
 from agents.training.run_stages import run_final, run_start
 from agents.training.run_state import RunState, check_format
 from agents.training.samples import SampleLogger
+from agents.training.step_rollout import rollout_batch
 from agents.training.update import by_length, engine_mismatch, score_batch, to_device, update_batch
 from agents.training.warm_start import WarmStartProgress, warm_start
 from search_env import BatchSearchQAEnv
@@ -119,7 +123,9 @@ class Trainer:
         self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
         self.engine = engine if engine is not None else self._build_engine()
-        self.engine.attach(backend)  # it follows the optimiser steps from here on
+        #: The rollout of the next step, generated while this one updates (``rollout.max_staleness`` 1), or None.
+        self.rollouts = attach_engine(self.engine, backend, max_staleness=config.rollout.max_staleness,
+                                      steps=config.run.steps, roll_out=self._rollout_batch, ready=self._ready_rollout)
         self._engine_closed = False
         #: Checks each weight sync of an engine with its own copy of the weights (``rollout.sync_check``).
         self.sync_check = self._build_sync_check()
@@ -217,8 +223,11 @@ class Trainer:
         return result
 
     def close(self) -> None:
-        """Stop the environment worker (``rollout.env_worker``), if one runs (a later step starts another), and
-        let go of the run's folder (:mod:`agents.training.run_lock`)."""
+        """Wait for a rollout in flight (``rollout.max_staleness``), stop the environment worker
+        (``rollout.env_worker``), if one runs (a later step starts another), and let go of the run's folder
+        (:mod:`agents.training.run_lock`)."""
+        if self.rollouts is not None:
+            self.rollouts.close()
         if self._worker is not None:
             self._worker.close()
             self._worker = None
@@ -259,8 +268,13 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One rollout and update; returns the step's metrics and advances ``self.step``."""
         started = time.perf_counter()
-        self.rollout_env().set_reward_step(self.step)
-        trajectories, batch, timings, rounds = self._rollout_batch()
+        pipeline: dict[str, float] = {}
+        if self.rollouts is None:
+            self.rollout_env().set_reward_step(self.step)
+            trajectories, batch, timings, rounds = self._rollout_batch()
+        else:  # this step's episodes, sampled while the last step updated; the next step's start now
+            ahead, pipeline = self.rollouts.take(self.step)
+            trajectories, batch, timings, rounds = ahead.trajectories, ahead.batch, ahead.timings, ahead.rounds
         self._call("on_rollout", trajectories)
         batch = batch.select(by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
@@ -295,7 +309,7 @@ class Trainer:
             "time/generation": timings.generation_s, "time/env": timings.env_s, "time/search": timings.search_s,
             "time/env_worker": timings.worker_s, "time/rollout": timings.total_s,
             "time/update": now - update_started, "time/step": now - started,
-            **(self.sync_check.take_metrics() if self.sync_check is not None else {}),
+            **(self.sync_check.take_metrics() if self.sync_check is not None else {}), **pipeline,
         }
         if self.backend.world_size > 1:
             metrics = all_rank_metrics(self.backend, metrics, update_keys)
@@ -315,65 +329,19 @@ class Trainer:
             getattr(callback, hook)(self, *args)
 
     # -- pieces of a step ---------------------------------------------------------------------------
-    def _rollout_batch(self) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
-        """Roll out ``questions_per_step`` questions and keep the rows the algorithm keeps; while fewer than
-        ``questions_per_step`` groups are kept, roll out further questions, up to the algorithm's
-        ``rollout_rounds`` (GRPO's ``dynamic_sampling_rounds``), and train on the first groups kept. With
-        several ranks, a round runs on every rank while any rank is short of its share, and ranks may keep
-        different numbers of rows (:func:`~agents.training.update.update_batch` keeps their passes in step).
+    def _rollout_batch(self, step: int | None = None) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
+        """:func:`~agents.training.step_rollout.rollout_batch` of ``step`` (default: the current one)."""
+        return rollout_batch(self, self.step if step is None else step)
 
-        A round's seed is the same on every rank, and each rank's agent starts at its share's place in the
-        round's global batch (question index x ``group_size`` + sample), so every episode is sampled as one
-        process samples it: N ranks roll out one process's episodes. What they keep after a refill is not
-        one process's: each rank keeps the first groups of its own share, where one process keeps the
-        first groups of the whole batch (the same only when no round refills).
-        Returns every episode rolled out, the batch, the summed timings and the rounds taken."""
-        world, rank = self.backend.world_size, self.backend.rank
-        wanted = self.config.rollout.questions_per_step // world  # this rank's share (whole question groups)
-        group_size = self.config.algorithm.group_size
-        pad = self.policy.codec.pad_id
-        trajectories: list[Trajectory] = []
-        kept: list[TrainBatch] = []
-        groups: list[str] = []  # the kept groups' ids, in order
-        sampled: dict[int, list[float]] = {}  # id(trajectory) -> the engine's log-probs of its ids
-        timings = RolloutTimings()
-        for round_ in range(self.algorithm.rollout_rounds):
-            # The first round keeps the seed a step's rollout always had: runs without refills are unchanged.
-            seed = self._seed("rollout") if round_ == 0 else self._seed("rollout", round_)
-            questions = self.order.take(wanted * world)  # the same on every rank, which keeps its share
-            questions = questions[rank * wanted : (rank + 1) * wanted]
-            with self._decoding():
-                agent = self.engine.agent(greedy=False, seed=seed, first_row=rank * wanted * group_size)
-                self._check_sync()
-                rollout = collect_rollouts(agent, self.rollout_env(), questions, group_size=group_size)
-            trajectories += rollout.trajectories
-            timings.add(rollout.timings)
-            batch = self.algorithm.filter_batch(build_batch(rollout.trajectories, rollout.group_ids, pad,
-                                                            rollout.sampled_logprobs))
-            if rollout.sampled_logprobs is not None:
-                sampled.update(zip(map(id, rollout.trajectories), rollout.sampled_logprobs))
-            kept.append(batch)
-            groups += [g for g in dict.fromkeys(batch.group_ids) if g not in groups]
-            # Every rank takes the same rounds (the data order, and a sharded policy's gathers, stay in step):
-            # another round while any rank is short of its groups.
-            if float(self.backend.all_reduce_sum(torch.tensor(float(len(groups) < wanted)))) == 0:
-                break
-        if len(kept) == 1 or not groups:  # one rollout's questions are at most ``wanted`` groups
-            return trajectories, kept[0], timings, len(kept)
-        chosen = set(groups[:wanted])
-        rows = [(t, g) for b in kept for t, g in zip(b.trajectories, b.group_ids) if g in chosen]
-        logprobs = [sampled[id(t)] for t, _ in rows] if all(id(t) in sampled for t, _ in rows) else None
-        batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad, logprobs)
-        return trajectories, batch, timings, len(kept)
-
-    def _seed(self, stream: str, *more: int) -> int:
-        """A seed for ``stream`` at the current step (and ``more``, e.g. a rollout round), from the run's
+    def _seed(self, stream: str, *more: int, at: int | None = None) -> int:
+        """A seed for ``stream`` at the current step (or step ``at``; and ``more``, e.g. a rollout round), from the run's
         seed (independent of other streams). The rank is no input: every rank derives the same seeds. A
         rollout's episodes are keyed by their place in the global batch besides (:meth:`_rollout_batch`),
         but the ``"shuffle"`` seed permutes each rank's own rows, so with several mini-batches per pass
         (``optim.mini_batch_size`` below a step's rows) N ranks' mini-batches hold other rows than one
         process's, and their steps differ; with one mini-batch per pass nothing is shuffled."""
-        return int(np.random.SeedSequence([self.config.run.seed, _STREAMS[stream], self.step, *more]).generate_state(1)[0])
+        step = self.step if at is None else at
+        return int(np.random.SeedSequence([self.config.run.seed, _STREAMS[stream], step, *more]).generate_state(1)[0])
 
     def _warm_start(self) -> dict[str, float]:
         """Clone scripted demonstrations into the policy (:func:`agents.training.warm_start.warm_start`); the reference
@@ -434,6 +402,13 @@ class Trainer:
         with self.backend.generation():
             return policy_logprobs(self.policy, sequences)
 
+    def _ready_rollout(self, step: int) -> None:
+        """The engine ready for step ``step``'s rollout ahead: the reward's step set, its weights synced
+        (when stale) and the sync checked, here on the main thread between updates."""
+        self.rollout_env().set_reward_step(step)
+        self.engine.wake_up()
+        self._check_sync()
+
     def _check_sync(self) -> None:
         """Check the engine's weights if it synced since the last check (:class:`SyncCheck`)."""
         if self.sync_check is not None:
@@ -453,6 +428,8 @@ class Trainer:
             return {}
         self._call("on_evaluation_start", stage)
         periodic_greedy = stage is None and not self.config.eval.periodic_sampled
+        if self.rollouts is not None:  # the rollout ahead ends before the engine takes the current weights
+            self.rollouts.settle()
         self.engine.wake_up()  # every rank's engine takes the current weights (a collective under ZeRO-3) first
         self._check_sync()
         with self._decoding():  # rank 0 evaluates, the others wait
@@ -476,13 +453,18 @@ class Trainer:
     # -- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds besides the backend's folder: the algorithm, the settings (JSON text, which
-        a resume is checked against) and the run's state (:meth:`RunState.state_dict`, with its format)."""
-        return {"algo": self.config.algo, "config_json": json.dumps(self.config.as_dict(), sort_keys=True), **self.state.state_dict()}
+        a resume is checked against), the run's state (:meth:`RunState.state_dict`, with its format) and, with
+        ``rollout.max_staleness`` 1, the next step's episodes (finished first: :mod:`agents.training.async_rollout`)."""
+        ahead = {} if self.rollouts is None else {"rollout_ahead": self.rollouts.state_dict()}
+        return {"algo": self.config.algo, "config_json": json.dumps(self.config.as_dict(), sort_keys=True),
+                **self.state.state_dict(), **ahead}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["algo"] != self.config.algo:
             raise ValueError(f"the checkpoint was trained with {state['algo']!r}, not {self.config.algo!r}")
         self.state.load_state_dict(state)
+        if self.rollouts is not None:
+            self.rollouts.load_state_dict(state.get("rollout_ahead"))
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write a checkpoint (default: the run's ``checkpoint.pt``; :func:`~agents.training.checkpoint.save_run`:

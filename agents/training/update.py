@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from agents.learners import Algorithm
@@ -25,7 +27,7 @@ from agents.rollout.batch import TrainBatch
 from agents.training.backends import TrainingBackend
 from agents.training.config import OptimConfig
 
-__all__ = ["by_length", "engine_mismatch", "old_logprobs_from_update", "score_batch", "to_device", "update_batch"]
+__all__ = ["agent_turns", "by_length", "engine_mismatch", "old_logprobs_from_update", "score_batch", "to_device", "update_batch"]
 
 
 @torch.no_grad()
@@ -97,7 +99,7 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
     separate_critic = algorithm.uses_critic and not algorithm.value_head
     totals: dict[str, float] = defaultdict(float)
     steps = applied = trailing_skips = 0
-    gap_total, gap_count, gap_max = 0.0, 0, 0.0  # the engine's mismatch, when the update's pass gives old log-probs
+    gaps = _Gaps()  # the engine's mismatch, when the update's pass gives old log-probs
     backend.train()
     for _ in range(optim.update_epochs):
         order = torch.randperm(rows, generator=shuffle) if size < rows else torch.arange(rows)
@@ -110,8 +112,7 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
                 out = backend.forward(mb, with_entropy=with_entropy, with_values=algorithm.uses_critic)
                 if mb.old_logprobs is None:  # the policy has not moved since the rollout (see score_batch)
                     mb = dataclasses.replace(mb, old_logprobs=out.logprobs.detach())
-                    total, count, largest = _gap(mb)
-                    gap_total, gap_count, gap_max = gap_total + total, gap_count + count, max(gap_max, largest)
+                    gaps.add(mb)
                 loss, mb_stats = algorithm.loss(mb, out, counts)
                 if separate_critic:
                     critic_loss, critic_stats = algorithm.critic_loss(mb, out.values, counts)
@@ -129,7 +130,7 @@ def update_batch(backend: TrainingBackend, algorithm: Algorithm, optim: OptimCon
             trailing_skips = 0 if math.isfinite(norm) else trailing_skips + 1
     stats = {**{key: value / steps for key, value in totals.items()},
              "updates/applied": float(applied), "updates/skipped": float(steps - applied),
-             **_gap_stats(gap_total, gap_count, gap_max)}
+             **gaps.stats()}
     return stats, trailing_skips
 
 
@@ -168,26 +169,71 @@ def _idle_update_pass(backend: TrainingBackend, mb: TrainBatch, *, with_entropy:
 def engine_mismatch(batch: TrainBatch) -> dict[str, float]:
     """How far the rollout engine's log-probs of the sampled tokens are from the trainer's for the same
     policy (mean and max absolute difference over trained tokens): near 0 when they agree, as with the HF
-    sampler; a skipped or failed weight sync of a separate engine shows up here. Empty when either side
-    is missing (no engine log-probs, or the trainer's come later, from the update's own pass, which
+    sampler; a skipped or failed weight sync of a separate engine, or rollouts sampled by older weights
+    (``rollout.max_staleness``), show up here. Also per search turn (``rollout/logprob_gap_turn{k}_mean``
+    and ``_max``; :func:`agent_turns`), as a gap that grows with the turn points at the context (the
+    engine's kernels over long contexts, its prefix cache) rather than at the weights. Empty when either
+    side is missing (no engine log-probs, or the trainer's come later, from the update's own pass, which
     :func:`update_batch` measures instead)."""
-    return _gap_stats(*_gap(batch))
+    gaps = _Gaps()
+    gaps.add(batch)
+    return gaps.stats()
 
 
-def _gap(batch: TrainBatch) -> tuple[float, int, float]:
-    """(sum, count, max) of |rollout log-prob - old log-prob| over the batch's trained tokens ((0, 0, 0)
-    when either is missing)."""
-    if batch.rollout_logprobs is None or batch.old_logprobs is None:
-        return 0.0, 0, 0.0
-    keep = batch.trained_mask.bool()
-    if not keep.any():
-        return 0.0, 0, 0.0
-    gap = (batch.rollout_logprobs.to(batch.old_logprobs) - batch.old_logprobs)[keep].abs()
-    return float(gap.sum()), int(gap.numel()), float(gap.max())
+def agent_turns(batch: TrainBatch) -> torch.Tensor | None:
+    """(B, T) the search turn of each agent token of the batch's rows: 1 for the agent's tokens up to the
+    first environment observation after the prompt, 2 for those after it, ...; 0 on prompt, observation
+    and padding tokens. Taken from each row's trajectory (who produced each token), ``None`` when a row
+    has none (a hand-built batch)."""
+    rows, width = batch.input_ids.shape
+    if len(batch.trajectories) != rows or any(t is None for t in batch.trajectories):
+        return None
+    turns = np.zeros((rows, width), dtype=np.int64)
+    for i, trajectory in enumerate(batch.trajectories):
+        agent = trajectory.agent_mask[:width].astype(np.int64)
+        starts = np.diff(agent, prepend=0) == 1  # an agent token after an environment one opens a turn
+        turns[i, : len(agent)] = np.cumsum(starts) * agent
+    return torch.from_numpy(turns).to(batch.input_ids.device)
 
 
-def _gap_stats(total: float, count: int, largest: float) -> dict[str, float]:
-    return {"rollout/logprob_gap_mean": total / count, "rollout/logprob_gap_max": largest} if count else {}
+@dataclass
+class _Gaps:
+    """Sums, counts and maxima of |rollout log-prob - old log-prob| over trained tokens, overall and per
+    search turn, added up over (micro-)batches."""
+
+    total: float = 0.0
+    count: int = 0
+    largest: float = 0.0
+    turns: dict[int, list[float]] = field(default_factory=dict)  # turn -> [sum, count, max]
+
+    def add(self, batch: TrainBatch) -> None:
+        if batch.rollout_logprobs is None or batch.old_logprobs is None:
+            return
+        keep = batch.trained_mask.bool()
+        if not keep.any():
+            return
+        gap = (batch.rollout_logprobs.to(batch.old_logprobs) - batch.old_logprobs).abs()
+        self.total += float(gap[keep].sum())
+        self.count += int(keep.sum())
+        self.largest = max(self.largest, float(gap[keep].max()))
+        turns = agent_turns(batch)
+        if turns is None:
+            return
+        for turn in torch.unique(turns[keep]).tolist():
+            cells = gap[keep & (turns == turn)]
+            entry = self.turns.setdefault(int(turn), [0.0, 0, 0.0])
+            entry[0] += float(cells.sum())
+            entry[1] += int(cells.numel())
+            entry[2] = max(entry[2], float(cells.max()))
+
+    def stats(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        out = {"rollout/logprob_gap_mean": self.total / self.count, "rollout/logprob_gap_max": self.largest}
+        for turn, (total, count, largest) in sorted(self.turns.items()):
+            out[f"rollout/logprob_gap_turn{turn}_mean"] = total / count
+            out[f"rollout/logprob_gap_turn{turn}_max"] = largest
+        return out
 
 
 def by_length(batch: TrainBatch, rows: torch.Tensor) -> torch.Tensor:

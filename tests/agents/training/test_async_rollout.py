@@ -1,0 +1,280 @@
+"""Asynchronous, off-policy steps (``rollout.max_staleness 1``, :mod:`agents.training.async_rollout`), on the
+tiny model with an engine that keeps its own copy of the weights: the HF sampler over a copy of the policy,
+synced on request (as a vLLM engine is), which records the weights every rollout was sampled by and fails
+if a sync ever comes while it generates. The server engine's own checks are in
+``tests/agents/rollout/test_async_server.py``."""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import skip_without
+
+skip_without("agents", "torch", "transformers", "jsonargparse")
+
+import torch  # noqa: E402
+
+from agents.policies.policy import HFPolicy  # noqa: E402
+from agents.rollout.batch import TrainBatch  # noqa: E402
+from agents.rollout.engines import EngineSetup, register_engine  # noqa: E402
+from agents.rollout.hf_sampler import HFSampler  # noqa: E402
+from agents.rollout.sync_check import policy_logprobs  # noqa: E402
+from agents.training.callbacks import Callback  # noqa: E402
+from agents.training.config import TrainConfig  # noqa: E402
+from agents.training.update import agent_turns, engine_mismatch  # noqa: E402
+from search_env.trajectory import Trajectory  # noqa: E402
+from tests.agents.training.tiny import run, small_config  # noqa: E402
+
+NAME = "test-copy"
+
+
+@dataclass
+class CopyEngineOptions:
+    """Attributes:
+        fail_at_agent: the agent made this many-th (counting from 0) raises in its first ``generate`` (-1: none).
+        background_delay_s: an agent asked for off the main thread waits this long first (so that the
+            update's optimiser steps come before it: a sync then would take weights of the wrong version).
+    """
+
+    fail_at_agent: int = -1
+    background_delay_s: float = 0.0
+
+
+def fingerprint(model: torch.nn.Module) -> float:
+    """A number that changes with any step of the weights."""
+    return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(model.parameters())))
+
+
+class CopyEngine:
+    """The HF sampler over a copy of the policy, synced from the backend when stale (vLLM's contract)."""
+
+    logprobs_are_trainers = False
+    decodes_trained_policy = False
+    needs_policy = True
+    reuse_logprobs = False
+    built: list[CopyEngine] = []
+
+    def __init__(self, policy: HFPolicy, options: CopyEngineOptions, temperature: float) -> None:
+        self.copy = HFPolicy(copy.deepcopy(policy.model), policy.codec)
+        self.options, self.temperature = options, temperature
+        self.stale, self.syncs, self.busy = True, 0, 0
+        self.sync_threads: list[str] = []
+        self.agents: list[tuple[int, float, str]] = []  # (seed, weights fingerprint, thread name) of each agent
+        self._weights: Any = None
+        type(self).built.append(self)
+
+    @classmethod
+    def build(cls, options: CopyEngineOptions, setup: EngineSetup) -> CopyEngine:
+        return cls(setup.policy, options, setup.temperature)
+
+    def attach(self, backend: Any) -> CopyEngine:
+        self.stale, self._weights = True, backend.rollout_weights
+        backend.add_post_step_hook(self._after_step)
+        return self
+
+    def _after_step(self) -> None:
+        self.stale = True
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        if self.busy:
+            raise AssertionError("a weight sync came while the engine generated")
+        state = dict(self.copy.model.named_parameters())
+        for name, tensor in self._weights():
+            if name in state:
+                state[name].copy_(tensor)
+        self.syncs += 1
+        self.sync_threads.append(threading.current_thread().name)
+        self.stale = False
+
+    def wake_up(self) -> None:
+        if self.stale:
+            self.sync()
+
+    def sleep(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def logprobs(self, sequences):
+        self.wake_up()
+        self.copy.eval()
+        return policy_logprobs(self.copy, sequences)
+
+    def agent(self, *, greedy: bool, seed: int, first_row: int = 0) -> HFSampler:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(self.options.background_delay_s)
+        self.wake_up()
+        fail = len(self.agents) == self.options.fail_at_agent
+        self.agents.append((seed, fingerprint(self.copy.model), threading.current_thread().name))
+        engine = self
+
+        class Watched(HFSampler):
+            def generate(self, rows, budgets, **kwargs):
+                if fail:
+                    raise RuntimeError("replica 0 (http://127.0.0.1:1) stopped answering")
+                engine.busy += 1
+                try:
+                    return super().generate(rows, budgets, **kwargs)
+                finally:
+                    engine.busy -= 1
+
+        self.copy.eval()
+        return Watched(self.copy, temperature=self.temperature, greedy=greedy, seed=seed, first_row=first_row)
+
+
+register_engine(NAME, CopyEngine, options=CopyEngineOptions)
+
+
+class Record(Callback):
+    """Each step's episodes (ids), the weights' fingerprint after each step, and each step's metrics."""
+
+    def __init__(self) -> None:
+        self.episodes: list[list[list[int]]] = []
+        self.weights: list[float] = []
+        self.metrics: list[dict[str, float]] = []
+
+    def on_run_start(self, trainer) -> None:
+        self.weights.append(fingerprint(trainer.policy.model))  # the weights of the steps done
+
+    def on_rollout(self, trainer, trajectories) -> None:
+        self.episodes.append([list(t.token_ids) for t in trajectories])
+
+    def on_update(self, trainer, metrics) -> None:
+        self.weights.append(fingerprint(trainer.policy.model))
+        self.metrics.append(dict(metrics))
+
+
+def config(tmp_path, **changes) -> TrainConfig:
+    return small_config("grpo", tmp_path / "run", {"rollout.engine": NAME, "rollout.max_staleness": 1,
+                                                   "run.steps": 4, "eval.every": 2, **changes})
+
+
+def test_max_staleness_other_than_0_or_1_is_refused_in_one_line(tmp_path):
+    for bad in (2, -1):
+        with pytest.raises(ValueError, match=r"^rollout.max_staleness must be 0 .*got " + str(bad) + "$"):
+            small_config("grpo", tmp_path, {"rollout.max_staleness": bad})
+
+
+def test_an_engine_that_decodes_the_trained_policy_is_refused(tmp_path):
+    from agents.training.build import build_trainer
+
+    with pytest.raises(ValueError, match=r"^rollout.max_staleness 1 needs an engine with its own copy .*HFEngine"):
+        build_trainer(small_config("grpo", tmp_path, {"rollout.max_staleness": 1}))
+
+
+def test_each_step_is_sampled_by_the_weights_one_step_old_while_the_last_step_updates(tmp_path):
+    record = Record()
+    trainer, result = run(config(tmp_path, **{"engine.background_delay_s": 1.0}), callbacks=[record])
+    engine = CopyEngine.built[-1]
+    assert result.step == 4
+    assert set(engine.sync_threads) == {"MainThread"} and engine.syncs == 4  # the start; step 2's launch (v1); the evaluations after 2 (v2) and 4 (v4)
+    training = [a for a in engine.agents if a[2].startswith("rollout-step-") or a[2] == "MainThread"]
+    # Step 0 is rolled out at once by the initial weights; steps 1..3 on the background thread, each by the
+    # weights after the step before the one they are for (exactly one version behind).
+    rollout_seeds = [trainer._seed("rollout", at=s) for s in range(4)]
+    by_seed = {seed: (weights, thread) for seed, weights, thread in training}
+    for step, seed in enumerate(rollout_seeds):
+        weights, thread = by_seed[seed]
+        assert weights == record.weights[max(step - 1, 0)]
+        assert thread == ("MainThread" if step == 0 else f"rollout-step-{step}")
+    assert [m["rollout/staleness_max"] for m in record.metrics] == [0.0, 1.0, 1.0, 1.0]
+    assert all(m["rollout/staleness_mean"] == m["rollout/staleness_max"] for m in record.metrics)
+    for m in record.metrics:
+        assert m["time/update_waited"] >= 0 and m["time/weight_sync"] >= 0
+    assert all("time/rollout_waited" in m for m in record.metrics[:3]) and "time/rollout_waited" not in record.metrics[3]
+    assert all(0 <= m["rollout/sync_gap"] < 1e-5 for m in record.metrics if "rollout/sync_gap" in m)
+    assert trainer.rollouts is not None and not trainer.rollouts.in_flight
+
+
+def test_synchronous_runs_keep_no_pipeline_and_checkpoint_nothing_ahead(tmp_path):
+    record = Record()
+    trainer, _ = run(config(tmp_path, **{"rollout.max_staleness": 0, "run.steps": 2}), callbacks=[record])
+    assert trainer.rollouts is None and "rollout_ahead" not in trainer.state_dict()
+    engine = CopyEngine.built[-1]
+    seeds = {seed: weights for seed, weights, _ in engine.agents}
+    assert [seeds[trainer._seed("rollout", at=s)] for s in range(2)] == record.weights[:2]  # on-policy
+    assert all("rollout/staleness_max" not in m and "time/update_waited" not in m for m in record.metrics)
+
+
+def test_a_run_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp_path):
+    straight = Record()
+    whole, _ = run(config(tmp_path / "a"), callbacks=[straight])
+    stopped, resumed = Record(), Record()
+    first, result = run(config(tmp_path / "b", **{"run.stop_after": 2}), callbacks=[stopped])
+    assert result.step == 2 and first.rollouts is not None
+    second, result = run(config(tmp_path / "b", **{"run.resume": True}), callbacks=[resumed])
+    assert result.step == 4
+    assert stopped.episodes + resumed.episodes == straight.episodes
+    assert stopped.weights + resumed.weights[1:] == straight.weights
+    for a, b in zip(whole.policy.model.parameters(), second.policy.model.parameters()):
+        assert torch.equal(a, b)
+    # The resumed run's step 2 was not sampled again: its episodes came from the checkpoint.
+    resumed_seeds = {seed for seed, _, _ in CopyEngine.built[-1].agents}
+    assert whole._seed("rollout", at=2) not in resumed_seeds and whole._seed("rollout", at=3) in resumed_seeds
+
+
+def test_an_error_of_the_rollout_ahead_stops_the_run_and_leaves_no_thread(tmp_path):
+    before = set(threading.enumerate())
+    # Agents: the start's evaluation (greedy, sampled), step 0, then step 1's (on the background thread).
+    with pytest.raises(RuntimeError, match=r"^replica 0 \(http://127.0.0.1:1\) stopped answering$"):
+        run(config(tmp_path, **{"engine.fail_at_agent": 3}))
+    assert [t for t in threading.enumerate() if t not in before and t.name.startswith("rollout-step-")] == []
+
+
+def trajectory(producers: list[int], trained: list[int]) -> Trajectory:
+    return Trajectory(question="q", golden_answers=["a"], protocol="search-r1", example_id="0", prompt_length=2,
+                      token_ids=list(range(len(producers))), producers=bytearray(producers), trained=bytearray(trained))
+
+
+def test_the_gap_is_reported_per_search_turn_of_the_agent():
+    # Row 0: prompt (2), turn 1 (3 agent tokens, the last not trained), observation (2), turn 2 (2), padding.
+    # Row 1: prompt (2), turn 1 (2), observation (1), turn 2 (1), observation (1), turn 3 (2).
+    producers = [[0, 0, 1, 1, 1, 0, 0, 1, 1, 0], [0, 0, 1, 1, 0, 1, 0, 1, 1, 0]]
+    trained = [[0, 0, 1, 1, 0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 0, 1, 0, 1, 1, 0]]
+    lengths = [9, 9]
+    rows = [trajectory(p[:n], t[:n]) for p, t, n in zip(producers, trained, lengths)]
+    width = 10
+    trained_mask = torch.tensor(trained)
+    rollout = torch.zeros(2, width)
+    old = torch.zeros(2, width)
+    rollout[0, 2:5] = torch.tensor([-1.0, -2.0, -9.0])  # gaps 0.5, 1.0 (the untrained 4.0 never counts)
+    old[0, 2:5] = torch.tensor([-1.5, -1.0, -5.0])
+    rollout[0, 7:9] = torch.tensor([-0.5, -0.5])  # gaps 0.25, 0.75
+    old[0, 7:9] = torch.tensor([-0.25, -1.25])
+    rollout[1, 2:4] = torch.tensor([-1.0, -1.0])  # gaps 0.0, 0.5
+    old[1, 2:4] = torch.tensor([-1.0, -1.5])
+    rollout[1, 5] = -2.0  # gap 2.0
+    old[1, 5] = 0.0
+    rollout[1, 7:9] = torch.tensor([-3.0, -1.0])  # gaps 1.0, 0.0
+    old[1, 7:9] = torch.tensor([-2.0, -1.0])
+    mask = torch.ones(2, width, dtype=torch.long)
+    mask[:, 9:] = 0
+    batch = TrainBatch(input_ids=torch.zeros(2, width, dtype=torch.long), attention_mask=mask,
+                       position_ids=torch.arange(width).repeat(2, 1), trained_mask=trained_mask,
+                       token_rewards=torch.zeros(2, width), scores=torch.zeros(2), group_index=torch.zeros(2, dtype=torch.long),
+                       group_ids=["0", "0"], trajectories=rows, rollout_logprobs=rollout, old_logprobs=old)
+    assert agent_turns(batch)[0].tolist() == [0, 0, 1, 1, 1, 0, 0, 2, 2, 0]
+    assert agent_turns(batch)[1].tolist() == [0, 0, 1, 1, 0, 2, 0, 3, 3, 0]
+    stats = engine_mismatch(batch)
+    expected = {
+        "rollout/logprob_gap_mean": (0.5 + 1.0 + 0.25 + 0.75 + 0.0 + 0.5 + 2.0 + 1.0 + 0.0) / 9,
+        "rollout/logprob_gap_max": 2.0,
+        "rollout/logprob_gap_turn1_mean": (0.5 + 1.0 + 0.0 + 0.5) / 4, "rollout/logprob_gap_turn1_max": 1.0,
+        "rollout/logprob_gap_turn2_mean": (0.25 + 0.75 + 2.0) / 3, "rollout/logprob_gap_turn2_max": 2.0,
+        "rollout/logprob_gap_turn3_mean": (1.0 + 0.0) / 2, "rollout/logprob_gap_turn3_max": 1.0,
+    }
+    assert stats.keys() == expected.keys()
+    for key, value in expected.items():
+        assert stats[key] == pytest.approx(value, abs=1e-7), key
+    # Without trajectories (a hand-built batch of ids alone) the overall gap stays and the turns are left out.
+    bare = engine_mismatch(TrainBatch(**{**batch.__dict__, "trajectories": []}))
+    assert set(bare) == {"rollout/logprob_gap_mean", "rollout/logprob_gap_max"}
+    assert np.isclose(bare["rollout/logprob_gap_mean"], expected["rollout/logprob_gap_mean"])
