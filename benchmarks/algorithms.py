@@ -64,18 +64,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from benchmarks.common.algorithm_runs import COLLAPSE_FRACTIONS, METRICS, AlgorithmCurve, RunRecord, finished_run, save_finished_run
-from benchmarks.common.algorithm_tables import (
-    format_improvements, format_table, improvements, plot_metric, plot_profiles, profiles, summarize, write_csvs,
-)
+from benchmarks.common.algorithm_report import format_ladder_table, ladder_summary, plot_ladder_summary, write_report
+from benchmarks.common.algorithm_runs import COLLAPSE_FRACTIONS, AlgorithmCurve, RunRecord, finished_run, save_finished_run
 from benchmarks.common.collapse import collapse_step
+from benchmarks.common.ladder import LADDERS, RUNGS, Probe, Rung, probed_data, select_rungs
 from benchmarks.common.rl_statistics import DEFAULT_REPS
 from benchmarks.learning import DEMO_RECIPE, demo_config
 from search_env.console import HelpFormatter
@@ -84,7 +82,8 @@ if TYPE_CHECKING:
     from agents.training.config import TrainConfig
     from agents.training.data import RunData
 
-__all__ = ["QUICK", "SHARED_FIELDS", "VARIANTS", "Variant", "main", "registered_variant", "run_algorithm", "variant_config"]
+__all__ = ["QUICK", "SHARED_FIELDS", "VARIANTS", "Task", "Variant", "main", "registered_variant", "run_algorithm", "run_task",
+           "variant_config"]
 
 Setting = Any
 """A variant's value for an ``algorithm`` field: a plain value, or a function of the shared recipe's
@@ -133,6 +132,15 @@ VARIANTS: tuple[Variant, ...] = (
             "REINFORCE++: the outcome's return whitened over the whole batch, PPO's clipped surrogate, no groups"),
     Variant("reinforce++-baseline", "reinforce++-baseline", True, {},
             "REINFORCE++-baseline: the group's mean score subtracted first, then whitened over the batch (R1-Searcher)"),
+    Variant("rloo", "rloo", True, {},
+            "RLOO: each answer's score less the mean of its group's other answers (TRL / OpenRLHF), PPO's clipped "
+            "surrogate; group_size is its k; the shared KL coefficient (the recipe's) replaces TRL's 0.05"),
+    Variant("gspo", "gspo", True, {"clip_low": 3e-4, "clip_high": 4e-4, "dual_clip": None},
+            "GSPO: GRPO's advantages with one importance ratio per answer (the geometric mean of its tokens'), "
+            "clipped per answer at the paper's 3e-4 / 4e-4 (not the shared token clip range), no dual clip"),
+    Variant("gigpo", "gigpo", True, {},
+            "GiGPO: GRPO's episode advantage plus a turn-level one from step groups of equal observations inside "
+            "a question's group, weight 1 and turn discount 0.95 (verl-agent's defaults)"),
 )
 _BY_NAME = {v.name: v for v in VARIANTS}
 
@@ -204,12 +212,106 @@ def run_algorithm(config: TrainConfig, algorithm: str, *, window: int, log: Call
     finally:
         if data is None:
             trainer.close_environments()
-        else:  # the environment worker only: the sources are the next run's too
+        else:  # the worker and the engine (with any servers it launched), not the sources: the next run's too
             trainer.close()
+            trainer.engine.close()
     steps = [p["step"] for p in record.steps]
     record.collapse = {name: collapse_step(steps, [p[name] for p in record.steps], fraction=fraction, window=window)
                        for name, fraction in COLLAPSE_FRACTIONS.items()}
     return record
+
+
+@dataclass(frozen=True)
+class Task:
+    """Runs that share their task's data (built once, in one process): a rung's runs, of one seed when the
+    runs are spread over jobs, of every seed otherwise.
+
+    Attributes:
+        rung: the rung's name (``""``: the single task of a command without ``--ladder``).
+        runs: (algorithm name, config) of each run, in order; each config names its warm start's folder.
+        probe: the rung's retrieval noise, wrapping the data's sources (``None``: none).
+        window: the collapse rule's window.
+        imports: the ``--import`` modules, imported again in a job's own process.
+    """
+
+    rung: str
+    runs: tuple[tuple[str, Any], ...]
+    probe: Probe | None
+    window: int
+    imports: tuple[str, ...] = ()
+
+
+def run_task(task: Task, log: Callable[[str], Any] = print) -> list[RunRecord]:
+    """Train the task's runs that have not finished already (:func:`finished_run`) and return every run's
+    record, printing a line as each run starts and ends."""
+    from agents.training.data import build_data
+
+    prefix = f"[{task.rung}] " if task.rung else ""
+    records: list[RunRecord] = []
+    data: RunData | None = None
+    try:
+        for name, config in task.runs:
+            seed, folder = config.run.seed, config.run.output_dir
+            finished = finished_run(config, task.window)
+            if finished is not None:
+                log(f"{prefix}{name} seed {seed} finished already ({folder})")
+                records.append(finished)
+                continue
+            if data is None:
+                built = time.perf_counter()
+                data = build_data(config)
+                if task.probe is not None:
+                    data = probed_data(data, task.probe, config.data.world_seed)
+                log(f"{prefix}data: the world, its indexes and the held-out world built in {time.perf_counter() - built:.1f} s, "
+                    f"for the runs of this {'rung' if task.rung else 'command'}")
+            log(f"{prefix}{name} seed {seed}: starts, {config.rollout.questions_per_step} questions x {config.algorithm.group_size} "
+                f"per step, {config.run.steps} steps -> {folder}")
+            record = run_algorithm(config, name, window=task.window, log=lambda line: log(prefix + line), data=data)
+            save_finished_run(config, record, task.window)
+            final = next((p["heldout_em"] for p in reversed(record.evaluations) if p["stage"] == "final"), None)
+            log(f"{prefix}{name} seed {seed}: done in {record.wall_s / 60:.1f} min, final held-out EM "
+                f"{'-' if final is None else f'{final:.3f}'}")
+            records.append(record)
+    finally:
+        if data is not None:
+            data.close()
+    return records
+
+
+def _job_setup(imports: Sequence[str]) -> None:
+    """A job process's start: one torch thread (the jobs share the cores), the ``--import`` modules, and
+    transformers' progress bars off (as the command turns them off without a bar of its own)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(1)
+    hf_logging.disable_progress_bar()
+    for module in imports:
+        importlib.import_module(module)
+
+
+def _task_job(task: Task) -> list[RunRecord]:
+    _job_setup(task.imports)
+    return run_task(task, log=lambda line: print(line, flush=True))
+
+
+def _warm_start_job(config: TrainConfig, cache: Path, imports: Sequence[str]) -> Any:
+    from benchmarks.common.warm_start_cache import cached_warm_start
+
+    _job_setup(imports)
+    return cached_warm_start(config, cache, log=lambda line: print(line, flush=True))
+
+
+def _in_jobs(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]], jobs: int) -> list[Any]:
+    """``function(*call)`` of every call, in order: here with one job, else in ``jobs`` spawned processes
+    (nothing of one run's state reaches another), each started afresh per call."""
+    if jobs == 1:
+        return [function(*call) for call in calls]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+        return list(pool.map(function, *zip(*calls)))
 
 
 # -- the command ----------------------------------------------------------------------------------------
@@ -221,16 +323,23 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"the algorithms to run: {', '.join(_BY_NAME)}, or any registered algorithm's name")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first, so the algorithms it registers can be named in --algorithms")
-    parser.add_argument("--seeds", type=int, nargs="+", help="model seeds (run.seed), one warm start each (default: 0 1 2; --quick: 0)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="model seeds (run.seed), one warm start each (default: 0 1 2; "
+                        "--quick: 0; --ladder: the size's)")
     parser.add_argument("--config", type=Path, default=DEMO_RECIPE, help="the shared recipe")
     parser.add_argument("--set", nargs="*", default=[], metavar="GROUP.FIELD=VALUE",
-                        help="change the shared recipe (YAML values; after --quick's changes), e.g. --set run.steps=100")
+                        help="change the shared recipe (YAML values; after --quick's or the ladder's changes), e.g. --set run.steps=100")
     parser.add_argument("--quick", action="store_true", help="a few minutes: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    parser.add_argument("--ladder", choices=sorted(LADDERS), help="run the ladder of tasks (benchmarks/common/ladder.py) at "
+                        "this size, each rung in its own sub-folder, with a summary across rungs")
+    parser.add_argument("--rungs", nargs="+", metavar="RUNG",
+                        help=f"the ladder's rungs to run (default: all): {', '.join(r.name for r in RUNGS)}")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in this many processes at a time (spawned, one torch thread each)")
     parser.add_argument("--window", type=int, help="steps of the rolling mean of the collapse rule and of the final step "
                         "metrics (default: run.steps / 20, at least 3)")
     parser.add_argument("--policy-cache", type=Path, default=DEFAULT_CACHE,
                         help="where the warm-started policies are kept between runs, one folder per set of settings")
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/algorithms"), help="runs, tables, plots and results.json")
+    parser.add_argument("--output-dir", type=Path, help="runs, tables, plots and results.json (default: runs/algorithms, "
+                        "--ladder: runs/ladder_SIZE)")
     parser.add_argument("--bootstrap-reps", type=int, default=DEFAULT_REPS,
                         help="stratified-bootstrap resamples of the confidence intervals (seeded, so tables are reproducible)")
     return parser
@@ -239,13 +348,20 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    size = LADDERS[args.ladder] if args.ladder else None
+    if size is not None and args.quick:
+        parser.error("--quick and --ladder are two sizes: give one")
+    if args.rungs is not None and size is None:
+        parser.error("--rungs selects rungs of --ladder quick|full")
+    seeds = args.seeds if args.seeds is not None else list(size.seeds) if size else ([0] if args.quick else [0, 1, 2])
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds repeats a seed: {' '.join(map(str, seeds))}")
     if args.bootstrap_reps < 1:
         parser.error(f"--bootstrap-reps must be >= 1, got {args.bootstrap_reps}")
-    quick = [f"{k}={v}" for k, v in QUICK.items()] if args.quick else []
-    runs_dir = args.output_dir / "runs"
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    sized = [f"{k}={v}" for k, v in (size.changes if size else QUICK if args.quick else {}).items()]
+    out = args.output_dir or Path(f"runs/ladder_{size.name}" if size else "runs/algorithms")
     try:
         for module in args.imports:
             try:
@@ -253,15 +369,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ImportError as exc:
                 raise ValueError(f"--import {module}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         variants = [_BY_NAME[name] if name in _BY_NAME else registered_variant(name) for name in dict.fromkeys(args.algorithms)]
-        base = demo_config([*quick, *args.set], recipe=args.config)
-        if base.eval.questions < 1:
-            raise ValueError("held-out EM needs held-out questions: eval.questions must be >= 1")
+        rungs = select_rungs(args.rungs) if size else [Rung("", {}, "")]
+        base = demo_config([*sized, *args.set], recipe=args.config)  # the warm start's recipe: every rung's
         if base.warm_start.steps < 1:
             raise ValueError("the algorithms start from a shared warm start: warm_start.steps must be >= 1")
         # every run's config is built (and checked) before anything trains; its policy folder is set once
         # the seed's warm start exists
-        planned = [(v, seed, variant_config(base, v, seed=seed, policy_dir="tiny", output_dir=runs_dir / v.name / f"seed{seed}"))
-                   for seed in seeds for v in variants]
+        planned: dict[str, list[tuple[Variant, int, TrainConfig]]] = {}
+        for rung in rungs:
+            config = demo_config([*sized, *(f"{k}={v}" for k, v in rung.changes.items()), *args.set], recipe=args.config)
+            if config.eval.questions < 1:
+                raise ValueError("held-out EM needs held-out questions: eval.questions must be >= 1")
+            folder = out / rung.name / "runs"
+            planned[rung.name] = [(v, seed, variant_config(config, v, seed=seed, policy_dir="tiny",
+                                                           output_dir=folder / v.name / f"seed{seed}"))
+                                  for seed in seeds for v in variants]
     except ValueError as exc:
         parser.error(str(exc))
     window = args.window if args.window is not None else max(3, base.run.steps // 20)
@@ -273,68 +395,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the policy export's bar would bury the progress lines
-    from agents.training.data import build_data
     from benchmarks.common.machine import machine_info
-    from benchmarks.common.warm_start_cache import WarmStart, cached_warm_start
 
     machine = machine_info()
     started = time.perf_counter()
-    warm_starts: dict[int, WarmStart] = {}
-    records: list[RunRecord] = []
-    data: RunData | None = None  # every run trains and evaluates on the same worlds: built once, at the first run
-    try:
-        for i, (variant, seed, config) in enumerate(planned, 1):
-            if seed not in warm_starts:
-                warm = warm_starts[seed] = cached_warm_start(base.updated({"run.seed": seed}), args.policy_cache)
-                made = "reused from the cache" if warm.reused else "made"
-                loss = [warm.stats.get(f"warm_start/loss_{end}", float("nan")) for end in ("first", "last")]
-                print(f"seed {seed}: warm start {made} ({warm.policy_dir}; {warm.seconds / 60:.1f} min when made, loss "
-                      f"{loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
-            config = config.updated({"model.name": str(warm_starts[seed].policy_dir)})
-            finished = finished_run(config, window)
-            if finished is not None:
-                print(f"run {i}/{len(planned)}: {variant.name} seed {seed} finished already ({config.run.output_dir})", flush=True)
-                records.append(finished)
-                continue
-            if data is None:
-                built = time.perf_counter()
-                data = build_data(config)
-                print(f"data: the world, its indexes and the held-out world built once, in {time.perf_counter() - built:.1f} s, "
-                      f"for the runs of this command", flush=True)
-            print(f"run {i}/{len(planned)}: {variant.name} seed {seed}, {config.rollout.questions_per_step} questions x "
-                  f"{config.algorithm.group_size} per step, {config.run.steps} steps -> {config.run.output_dir}", flush=True)
-            record = run_algorithm(config, variant.name, window=window, log=lambda line: print(line, flush=True), data=data)
-            save_finished_run(config, record, window)
-            records.append(record)
-    finally:
-        if data is not None:
-            data.close()
-    rows = summarize(records, window, reps=args.bootstrap_reps)
-    pairs = improvements(records, window, reps=args.bootstrap_reps)
-    table = format_table(rows) + (f"\n\n{format_improvements(pairs)}" if pairs else "")
-    print()
-    print(table)
-    out = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table + "\n", encoding="utf-8")
-    write_csvs(rows, records, window, out)
-    plots = [str(plot_metric(records, metric, out / f"{metric}.png")) for metric in METRICS]
-    profile_curves = profiles(records, window, reps=args.bootstrap_reps)
-    if profile_curves:
-        plots.append(str(plot_profiles(profile_curves, out / "heldout_em_profile.png")))
-    results = {
-        "recipe": str(args.config), "quick": args.quick, "set": args.set, "seeds": seeds, "window": window,
-        "collapse_fractions": COLLAPSE_FRACTIONS, "config": base.as_dict(),
-        "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
-                              "algorithm": next(asdict(c.algorithm) for vv, _, c in planned if vv is v)} for v in variants},
-        "warm_starts": {str(seed): {**asdict(w), "policy_dir": str(w.policy_dir)} for seed, w in warm_starts.items()},
-        "bootstrap_reps": args.bootstrap_reps, "summary": rows, "improvements": pairs, "profiles": profile_curves,
-        "runs": [asdict(r) for r in records], "machine": machine,
-        "load_average_end": list(os.getloadavg()),
-        "minutes": (time.perf_counter() - started) / 60,
-    }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"table: {out / 'table.md'}, {out / 'table.csv'}, {out / 'runs.csv'}; plots: {', '.join(plots)}; results: {out / 'results.json'}")
+    print(f"{len(rungs) * len(seeds) * len(variants)} runs ({len(rungs)} task{'s' if len(rungs) > 1 else ''} x {len(seeds)} seeds x "
+          f"{len(variants)} algorithms) after {len(seeds)} warm start{'s' if len(seeds) > 1 else ''} of {base.warm_start.steps} steps, "
+          f"in {args.jobs} job{'s' if args.jobs > 1 else ''} -> {out}", flush=True)
+    warm_list = _in_jobs(_warm_start_job, [(base.updated({"run.seed": s}), args.policy_cache, tuple(args.imports)) for s in seeds],
+                         min(args.jobs, len(seeds)))
+    warm_starts = dict(zip(seeds, warm_list))
+    for seed, warm in warm_starts.items():
+        loss = [warm.stats.get(f"warm_start/loss_{end}", float("nan")) for end in ("first", "last")]
+        print(f"seed {seed}: warm start {'reused from the cache' if warm.reused else 'made'} ({warm.policy_dir}; "
+              f"{warm.seconds / 60:.1f} min when made, loss {loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
+    tasks = []
+    for rung in rungs:
+        runs = [(v.name, seed, c.updated({"model.name": str(warm_starts[seed].policy_dir)})) for v, seed, c in planned[rung.name]]
+        groups = [[r for r in runs if r[1] == seed] for seed in seeds] if args.jobs > 1 else [runs]
+        tasks += [Task(rung.name, tuple((name, c) for name, _, c in group), rung.probe, window, tuple(args.imports)) for group in groups]
+    done = _in_jobs(_task_job, [(t,) for t in tasks], min(args.jobs, len(tasks)))
+    records_by_rung: dict[str, list[RunRecord]] = {}
+    for task, records in zip(tasks, done):
+        records_by_rung.setdefault(task.rung, []).extend(records)
+    common = {"recipe": str(args.config), "quick": args.quick, "ladder": args.ladder, "set": args.set, "seeds": seeds,
+              "window": window, "jobs": args.jobs, "collapse_fractions": COLLAPSE_FRACTIONS, "machine": machine,
+              "warm_starts": {str(seed): {**asdict(w), "policy_dir": str(w.policy_dir)} for seed, w in warm_starts.items()}}
+    for rung in rungs:
+        rung_out = out / rung.name
+        first = planned[rung.name][0][2]
+        results = {**common, "rung": {"name": rung.name, "changes": dict(rung.changes), "why": rung.why,
+                                      "probe": asdict(rung.probe) if rung.probe else None},
+                   "config": first.as_dict(), "minutes": (time.perf_counter() - started) / 60,
+                   "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
+                                         "algorithm": next(asdict(c.algorithm) for vv, _, c in planned[rung.name] if vv is v)}
+                                for v in variants}}
+        table = write_report(records_by_rung[rung.name], window, args.bootstrap_reps, rung_out, results)
+        print(f"\n{rung.name or 'table'}:\n{table}\n(tables, plots and results.json in {rung_out})", flush=True)
+    if size is not None:
+        rows = ladder_summary(records_by_rung, reps=args.bootstrap_reps)
+        summary = format_ladder_table(rows)
+        (out / "ladder.md").write_text(summary + "\n", encoding="utf-8")
+        plot_ladder_summary(rows, out / "ladder_auc.png")
+        (out / "ladder.json").write_text(json.dumps({**common, "rungs": [asdict(r) for r in rungs], "summary": rows,
+                                                     "minutes": (time.perf_counter() - started) / 60}, indent=2) + "\n", encoding="utf-8")
+        print(f"\nladder:\n{summary}\n(ladder.md, ladder_auc.png and ladder.json in {out})", flush=True)
+    print(f"done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
     return 0
 
 

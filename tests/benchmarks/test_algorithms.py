@@ -70,19 +70,23 @@ def test_every_algorithm_gets_the_same_episodes_per_step_the_shared_settings_and
     base = demo_config(["algorithm.kl_coef=0.002", "algorithm.clip_low=0.1"])
     episodes = base.rollout.questions_per_step * base.algorithm.group_size
     configs = {v.name: variant_config(base, v, seed=3, policy_dir="/cache/policy", output_dir=f"/out/{v.name}") for v in VARIANTS}
-    assert set(configs) == {"ppo", "grpo", "dr-grpo", "dapo", "reinforce++", "reinforce++-baseline"}
+    assert set(configs) == {"ppo", "grpo", "dr-grpo", "dapo", "reinforce++", "reinforce++-baseline", "rloo", "gspo", "gigpo"}
     for name, config in configs.items():
         assert config.rollout.questions_per_step * config.algorithm.group_size == episodes, name
-        assert (config.algorithm.kl_coef, config.algorithm.clip_low) == (0.002, 0.1), name
+        assert config.algorithm.kl_coef == 0.002, name
+        assert config.algorithm.clip_low == (3e-4 if name == "gspo" else 0.1), name
         assert (config.model.name, config.warm_start.steps, config.run.seed) == ("/cache/policy", 0, 3), name
         assert config.run.log_entropy and config.optim == base.optim and config.env == base.env, name
     assert {n: c.algorithm.group_size for n, c in configs.items()} == {
-        "ppo": 1, "reinforce++": 1, "grpo": 8, "dr-grpo": 8, "dapo": 8, "reinforce++-baseline": 8}
+        "ppo": 1, "reinforce++": 1, "grpo": 8, "dr-grpo": 8, "dapo": 8, "reinforce++-baseline": 8, "rloo": 8, "gspo": 8, "gigpo": 8}
     assert configs["ppo"].algorithm.critic == "separate" and configs["ppo"].algorithm.critic_lr == pytest.approx(1e-3)
     dr, dapo = configs["dr-grpo"].algorithm, configs["dapo"].algorithm
     assert (dr.scale_rewards, dr.loss_agg_mode) == (False, "seq-mean-token-sum-norm")
     assert (dapo.clip_high, dapo.dynamic_sampling, dapo.dynamic_sampling_rounds, dapo.overlong_buffer) == (0.28, True, 1, 19)
     assert configs["grpo"].algorithm.clip_high == base.algorithm.clip_high and configs["grpo"].algorithm.scale_rewards
+    gspo, gigpo = configs["gspo"].algorithm, configs["gigpo"].algorithm
+    assert (gspo.clip_low, gspo.clip_high, gspo.dual_clip) == (3e-4, 4e-4, None)  # the paper's sequence clip, not the shared one
+    assert (gigpo.step_weight, gigpo.step_gamma, gigpo.anchor) == (1.0, 0.95, "observations")
 
 
 def test_a_recipe_a_grouped_algorithm_cannot_run_is_refused_before_anything_trains(capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,7 +165,8 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
     assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--policy-cache",
                  str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
     printed = capsys.readouterr().out
-    assert "run 2/2: reinforce++ seed 0, 4 questions x 1 per step, 2 steps" in printed
+    assert "reinforce++ seed 0: starts, 4 questions x 1 per step, 2 steps" in printed
+    assert "reinforce++ seed 0: done in " in printed
     # the warm start's trainer makes the trained world; the two runs share one copy of it and of the held-out world
     assert worlds == [10, 10, 11] and "held-out world built once" in printed
     for name in ("table.md", "table.csv", "runs.csv", "results.json"):
@@ -169,7 +174,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
     for metric in METRICS:
         assert (out / f"{metric}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())
-    assert (out / "table.md").read_text() == printed.split("\n\n")[-1].split("\ntable: ")[0] + "\n"
+    assert (out / "table.md").read_text() == printed.split("\ntable:\n")[1].split("\n(tables, plots")[0] + "\n"
     assert [(r["algorithm"], r["seed"]) for r in results["runs"]] == [("grpo", 0), ("reinforce++", 0)]
     start_ems = set()
     for run in results["runs"]:
@@ -226,7 +231,7 @@ def test_an_algorithm_a_user_registers_runs_through_the_benchmark(tmp_path: Path
                  "--bootstrap-reps", "50", "--policy-cache", str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
     printed = capsys.readouterr().out
     # a registered algorithm samples group_size answers per question: 2 questions x 2 answers
-    assert "run 1/2: tiny-pg seed 0, 2 questions x 2 per step, 2 steps" in printed
+    assert "tiny-pg seed 0: starts, 2 questions x 2 per step, 2 steps" in printed
     results = json.loads((out / "results.json").read_text())
     assert [(r["algorithm"], r["seed"]) for r in results["runs"]] == [("tiny-pg", 0), ("tiny-pg", 1)]
     assert results["variants"]["tiny-pg"]["algo"] == "tiny-pg"

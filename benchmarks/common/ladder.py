@@ -1,0 +1,132 @@
+"""The RL algorithm benchmark's ladder of tasks (``python -m benchmarks.algorithms --ladder quick|full``): named
+rungs, each a documented change of the demo's task, from easy to hard, and the two sizes the ladder runs at.
+
+A rung changes the task reinforcement learning faces, never the policy it starts from: every rung of a
+seed trains from the same warm start (the sizes' recipe on the demo's 2-hop world, cached once per seed by
+:mod:`benchmarks.common.warm_start_cache`), so a rung's runs differ from another rung's by the task alone,
+and the warm start's minutes are paid once per seed for the whole ladder. A rung's changes are recipe
+changes (``GROUP.FIELD`` -> value, applied after the size's and before ``--set``) and, for retrieval noise,
+a probe that wraps every source of the rung's training and held-out worlds
+(:class:`search_env.ProbeSource`: the held-out EM is then measured under the same noise).
+
+``multi-source`` (the ``reasoning-search`` protocol's NL-DAG plans over several named sources) is not a
+rung: the warm start's scripted demonstrations are written in the ``search-r1-compact`` dialect, so a
+from-scratch policy would need a warm start of its own in the NL-DAG dialect, which the quick ladder's
+budget does not hold; it was not tried.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from agents.training.data import RunData
+
+__all__ = ["FULL", "LADDERS", "QUICK", "RUNGS", "LadderSize", "Probe", "Rung", "probed_data", "select_rungs"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Retrieval noise of a rung: ``share`` of the distinct queries get ``kind``'s answer
+    (:data:`search_env.sources.probes.PROBES`) instead of the source's results, seeded by the run's seed."""
+
+    kind: str
+    share: float
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One task of the ladder.
+
+    Attributes:
+        name: its name in ``--rungs``, the output folder and the tables.
+        changes: recipe changes (``GROUP.FIELD`` -> value) of its runs and held-out evaluation.
+        why: what it tests, and why it is on the ladder (what was measured on it).
+        probe: retrieval noise on its training and held-out sources (``None``: none).
+    """
+
+    name: str
+    changes: Mapping[str, Any]
+    why: str
+    probe: Probe | None = None
+
+
+RUNGS: tuple[Rung, ...] = (
+    Rung("1hop", {"data.world_max_hops": 1},
+         "single-lookup questions only: one search, copy the answer; the warm start answers some already, so it "
+         "shows how fast an algorithm sharpens a skill the policy has"),
+    Rung("2hop", {}, "the demo's task: 1- and 2-hop chain questions; the warm start answers 2-hop ones with the bridge "
+         "entity, and RL must find the second search (the earlier benchmark's speed difference)"),
+    Rung("3hop", {"data.world_max_hops": 3},
+         "1- to 3-hop chains: a third search the warm start never demonstrated, so rewards are sparser"),
+    Rung("distractors", {"env.top_k": 1},
+         "the 2-hop task with one passage per search instead of two: the query must rank the right passage "
+         "first (the demo's recipe notes that one result trained worse than two)"),
+    Rung("noisy", {}, "the 2-hop task where a third of the distinct queries find nothing (an empty probe source), "
+         "training and held-out alike: a run's reward depends on searching again or guessing",
+         Probe("empty", 0.3)),
+)
+_BY_NAME = {r.name: r for r in RUNGS}
+
+
+@dataclass(frozen=True)
+class LadderSize:
+    """How large the ladder's runs are.
+
+    Attributes:
+        name: ``quick`` or ``full`` (``--ladder``).
+        changes: recipe changes of every rung (before the rung's own and ``--set``), warm start included.
+        seeds: the model seeds run by default (``--seeds`` may give others).
+        budget: what the size costs, and how that was found (measured or estimated).
+    """
+
+    name: str
+    changes: Mapping[str, Any]
+    seeds: Sequence[int]
+    budget: str = field(default="")
+
+
+QUICK = LadderSize(
+    "quick",
+    {"data.world_size": 6000, "data.world_scale": 100, "warm_start.steps": 600, "warm_start.copy_steps": 150,
+     "warm_start.examples": 6000, "run.steps": 20, "eval.every": 5, "eval.questions": 30,
+     "rollout.questions_per_step": 4, "algorithm.group_size": 8, "rollout.env_worker": False},
+    (0, 1, 2),
+    "TO BE MEASURED")
+
+FULL = LadderSize(
+    "full",
+    {"run.steps": 60, "eval.every": 5, "eval.questions": 100, "rollout.env_worker": False},
+    (0, 1, 2, 3, 4),
+    "TO BE MEASURED")
+
+LADDERS: dict[str, LadderSize] = {s.name: s for s in (QUICK, FULL)}
+
+
+def select_rungs(names: Sequence[str] | None) -> list[Rung]:
+    """The rungs named (in the ladder's order, each once), or every rung for ``None``.
+
+    Raises:
+        ValueError: a name that is no rung (one line, with the rungs there are).
+    """
+    if names is None:
+        return list(RUNGS)
+    unknown = [n for n in names if n not in _BY_NAME]
+    if unknown:
+        raise ValueError(f"--rungs {' '.join(unknown)}: no such rung; known: {', '.join(_BY_NAME)}")
+    return [r for r in RUNGS if r.name in names]
+
+
+def probed_data(data: RunData, probe: Probe, seed: int) -> RunData:
+    """``data`` with every training and held-out source wrapped in a :class:`search_env.ProbeSource` of
+    ``probe`` (seeded by ``seed``); closing the result closes ``data``'s sources."""
+    from agents.training.data import RunData
+    from search_env import ProbeSource
+
+    def wrap(part: Any) -> Any:
+        if part is None:
+            return None
+        questions, sources = part
+        return questions, {name: ProbeSource(s, probe.kind, share=probe.share, seed=seed) for name, s in sources.items()}
+
+    return RunData(wrap(data.train), wrap(data.held_out), dict(data.settings))
