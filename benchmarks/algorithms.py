@@ -361,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     sized = [f"{k}={v}" for k, v in (size.changes if size else QUICK if args.quick else {}).items()]
+    warm_sized = [f"{k}={v}" for k, v in (size.warm_start_changes if size else QUICK if args.quick else {}).items()]
+    warm_seed = size.warm_start_seed if size else None
     out = args.output_dir or Path(f"runs/ladder_{size.name}" if size else "runs/algorithms")
     try:
         for module in args.imports:
@@ -370,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--import {module}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         variants = [_BY_NAME[name] if name in _BY_NAME else registered_variant(name) for name in dict.fromkeys(args.algorithms)]
         rungs = select_rungs(args.rungs) if size else [Rung("", {}, "")]
-        base = demo_config([*sized, *args.set], recipe=args.config)  # the warm start's recipe: every rung's
+        base = demo_config([*warm_sized, *args.set], recipe=args.config)  # the warm start's recipe: every rung's
         if base.warm_start.steps < 1:
             raise ValueError("the algorithms start from a shared warm start: warm_start.steps must be >= 1")
         # every run's config is built (and checked) before anything trains; its policy folder is set once
@@ -386,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   for seed in seeds for v in variants]
     except ValueError as exc:
         parser.error(str(exc))
-    window = args.window if args.window is not None else max(3, base.run.steps // 20)
+    window = args.window if args.window is not None else max(3, planned[rungs[0].name][0][2].run.steps // 20)
     if window < 1:
         parser.error(f"--window must be >= 1, got {window}")
     from search_env.console import progress_enabled
@@ -399,16 +401,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     machine = machine_info()
     started = time.perf_counter()
+    warm_seeds = [warm_seed] if warm_seed is not None else seeds
     print(f"{len(rungs) * len(seeds) * len(variants)} runs ({len(rungs)} task{'s' if len(rungs) > 1 else ''} x {len(seeds)} seeds x "
-          f"{len(variants)} algorithms) after {len(seeds)} warm start{'s' if len(seeds) > 1 else ''} of {base.warm_start.steps} steps, "
+          f"{len(variants)} algorithms) after {len(warm_seeds)} warm start{'s' if len(warm_seeds) > 1 else ''} of "
+          f"{base.warm_start.steps} steps{' (seed %d, shared by every seed)' % warm_seed if warm_seed is not None else ''}, "
           f"in {args.jobs} job{'s' if args.jobs > 1 else ''} -> {out}", flush=True)
-    warm_list = _in_jobs(_warm_start_job, [(base.updated({"run.seed": s}), args.policy_cache, tuple(args.imports)) for s in seeds],
-                         min(args.jobs, len(seeds)))
-    warm_starts = dict(zip(seeds, warm_list))
-    for seed, warm in warm_starts.items():
+    warm_list = _in_jobs(_warm_start_job, [(base.updated({"run.seed": s}), args.policy_cache, tuple(args.imports)) for s in warm_seeds],
+                         min(args.jobs, len(warm_seeds)))
+    for seed, warm in zip(warm_seeds, warm_list):
         loss = [warm.stats.get(f"warm_start/loss_{end}", float("nan")) for end in ("first", "last")]
         print(f"seed {seed}: warm start {'reused from the cache' if warm.reused else 'made'} ({warm.policy_dir}; "
               f"{warm.seconds / 60:.1f} min when made, loss {loss[0]:.3f} -> {loss[1]:.3f})", flush=True)
+    warm_starts = {seed: warm_list[0] for seed in seeds} if warm_seed is not None else dict(zip(seeds, warm_list))
     tasks = []
     for rung in rungs:
         runs = [(v.name, seed, c.updated({"model.name": str(warm_starts[seed].policy_dir)})) for v, seed, c in planned[rung.name]]

@@ -2,9 +2,12 @@
 rungs, each a documented change of the demo's task, from easy to hard, and the two sizes the ladder runs at.
 
 A rung changes the task reinforcement learning faces, never the policy it starts from: every rung of a
-seed trains from the same warm start (the sizes' recipe on the demo's 2-hop world, cached once per seed by
+seed trains from the same warm start (the demo recipe's, on its 2-hop world, cached by
 :mod:`benchmarks.common.warm_start_cache`), so a rung's runs differ from another rung's by the task alone,
-and the warm start's minutes are paid once per seed for the whole ladder. A rung's changes are recipe
+and the warm start's minutes are paid once for the whole ladder: once per seed in the full ladder, once in
+all in the quick one, whose seeds share seed 0's warm start and differ in the RL seed alone (a warm start
+as short as the quick budget allows left the held-out EM at 0-0.2, with nothing for the algorithms to
+learn: ``benchmarks/RESULTS.md``). A rung's changes are recipe
 changes (``GROUP.FIELD`` -> value, applied after the size's and before ``--set``) and, for retrieval noise,
 a probe that wraps every source of the rung's training and held-out worlds
 (:class:`search_env.ProbeSource`: the held-out EM is then measured under the same noise).
@@ -16,7 +19,7 @@ budget does not hold; it was not tried.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
@@ -75,29 +78,34 @@ class LadderSize:
 
     Attributes:
         name: ``quick`` or ``full`` (``--ladder``).
-        changes: recipe changes of every rung (before the rung's own and ``--set``), warm start included.
+        changes: recipe changes of every rung's runs (before the rung's own and ``--set``), not of the warm
+            start: the RL runs may train on a smaller world than the warm start's demonstrations came from.
+        warm_start_changes: recipe changes of the warm start (before ``--set``).
         seeds: the model seeds run by default (``--seeds`` may give others).
+        warm_start_seed: every seed trains from the warm start of this seed (the RL seed still differs);
+            ``None``: each seed from its own.
         budget: what the size costs, and how that was found (measured or estimated).
     """
 
     name: str
     changes: Mapping[str, Any]
+    warm_start_changes: Mapping[str, Any]
     seeds: Sequence[int]
-    budget: str = field(default="")
+    warm_start_seed: int | None
+    budget: str
 
 
 QUICK = LadderSize(
     "quick",
-    {"data.world_size": 6000, "data.world_scale": 100, "warm_start.steps": 600, "warm_start.copy_steps": 150,
-     "warm_start.examples": 6000, "run.steps": 20, "eval.every": 5, "eval.questions": 30,
+    {"data.world_size": 6000, "run.steps": 20, "eval.every": 5, "eval.questions": 30,
      "rollout.questions_per_step": 4, "algorithm.group_size": 8, "rollout.env_worker": False},
-    (0, 1, 2),
+    {}, (0, 1, 2), 0,
     "TO BE MEASURED")
 
 FULL = LadderSize(
     "full",
     {"run.steps": 60, "eval.every": 5, "eval.questions": 100, "rollout.env_worker": False},
-    (0, 1, 2, 3, 4),
+    {}, (0, 1, 2, 3, 4), None,
     "TO BE MEASURED")
 
 LADDERS: dict[str, LadderSize] = {s.name: s for s in (QUICK, FULL)}

@@ -168,7 +168,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
     assert "reinforce++ seed 0: starts, 4 questions x 1 per step, 2 steps" in printed
     assert "reinforce++ seed 0: done in " in printed
     # the warm start's trainer makes the trained world; the two runs share one copy of it and of the held-out world
-    assert worlds == [10, 10, 11] and "held-out world built once" in printed
+    assert worlds == [10, 10, 11] and "the world, its indexes and the held-out world built in" in printed
     for name in ("table.md", "table.csv", "runs.csv", "results.json"):
         assert (out / name).stat().st_size > 0
     for metric in METRICS:
