@@ -1,11 +1,24 @@
-"""PPO, GRPO, Dr. GRPO, DAPO, REINFORCE++ and REINFORCE++-baseline side by side on the demo's 2-hop task.
+"""PPO, GRPO, Dr. GRPO, DAPO, REINFORCE++, REINFORCE++-baseline, RLOO, GSPO and GiGPO side by side on the demo's
+2-hop task, or on a ladder of tasks from easy to hard.
 
-Every algorithm trains on the demo's synthetic 2-hop task from the same warm-started policy, with the same
-sample budget and seeds.
+Every algorithm trains on the demo's synthetic 2-hop task (or each rung's) from the same warm-started
+policy, with the same sample budget and seeds.
 
     python -m benchmarks.algorithms [--algorithms ...] [--seeds 0 1 2] [--output-dir runs/algorithms] [--set GROUP.FIELD=VALUE ...]
     python -m benchmarks.algorithms --quick      # a few minutes: a small world, a short warm start, one seed
     python -m benchmarks.algorithms --import my_module --algorithms grpo mine   # an algorithm of your own
+    python -m benchmarks.algorithms --ladder quick --jobs 2    # every rung, 3 seeds (benchmarks/common/ladder.py)
+    python -m benchmarks.algorithms --ladder full --rungs 2hop 3hop --jobs 2
+
+**The ladder** (``--ladder quick|full``, ``--rungs`` to select): named rungs, each a change of the demo's
+task (1-hop only, 2-hop, up to 3 hops, one passage per search, a third of the queries finding nothing),
+all trained from the same warm start; the rungs, the two sizes and their budgets are in
+:mod:`benchmarks.common.ladder`. Each rung writes the outputs below into its own sub-folder of
+``--output-dir``; ``ladder.md``, ``ladder_auc.png`` and ``ladder.json`` there summarise across rungs (per
+rung and algorithm the interquartile mean of the area under the held-out EM curve and of the steps to EM
+0.5 and 0.8, with 95% intervals: :mod:`benchmarks.common.algorithm_report`). ``--jobs N`` runs N at a time,
+each in a spawned process with one torch thread (a rung's runs of one seed share one process and the
+rung's data); the records are the same as with one job.
 
 **The same for every algorithm.** The demo recipe (``agents/configs/demo.yaml``, or ``--config``, with
 ``--set`` changes) fixes the task, model, environment, sampling, optimiser and held-out evaluation. Per
@@ -50,7 +63,8 @@ the area with stratified-bootstrap 95% intervals, after Agarwal et al. 2021
 (:mod:`benchmarks.common.rl_statistics`, ``--bootstrap-reps`` resamples, seed 0); each seed's step to
 held-out EM 0.5 and 0.8; and, with two seeds or more, a second table of the probability of improvement
 ``P(X > Y)`` between every pair); ``runs.csv`` (the same per run, with the training episodes each
-threshold took); ``heldout_em_profile.png``, the performance profiles of the final held-out EM (the
+threshold took); ``heldout_em_band.png``, the held-out EM curve's mean over seeds with the 95% bootstrap
+interval of that mean; ``heldout_em_profile.png``, the performance profiles of the final held-out EM (the
 fraction of seeds above each EM, with bootstrap bands); ``results.json`` (everything, with each run's
 curves and the machine). A run that finished (its record is in its folder,
 :data:`benchmarks.common.algorithm_runs.RECORD_FILE`) with the same settings is not trained again: a

@@ -97,14 +97,14 @@ class LadderSize:
 
 QUICK = LadderSize(
     "quick",
-    {"data.world_size": 6000, "run.steps": 20, "eval.every": 5, "eval.questions": 30,
+    {"data.world_size": 6000, "run.steps": 25, "eval.every": 5, "eval.questions": 30,
      "rollout.questions_per_step": 4, "algorithm.group_size": 8, "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
     "TO BE MEASURED")
 
 FULL = LadderSize(
     "full",
-    {"run.steps": 60, "eval.every": 5, "eval.questions": 100, "rollout.env_worker": False},
+    {"data.world_size": 20000, "run.steps": 60, "eval.every": 5, "eval.questions": 100, "rollout.env_worker": False},
     {}, (0, 1, 2, 3, 4), None,
     "TO BE MEASURED")
 
