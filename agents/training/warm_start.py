@@ -28,12 +28,11 @@ from agents.training.backends.schedules import warmup_cosine
 from agents.training.config import TrainConfig
 from agents.training.console_log import bar_drawn, format_duration, say
 from agents.training.copy_warmup import copy_warmup
-from agents.training.cpu_threads import free_cpu_cores
+from agents.training.cpu_threads import FollowFreeCores
 from search_env import BatchEnv
 from search_env.data.example import QAExample
 
-__all__ = ["WarmStartResult", "WarmStartProgress", "trained_token_logprobs", "warm_start", "warm_start_loss",
-           "warm_start_threads"]
+__all__ = ["WarmStartResult", "WarmStartProgress", "trained_token_logprobs", "warm_start", "warm_start_loss"]
 
 #: Share of the steps over which the learning rate warms up linearly (then it decays on a cosine to 0).
 WARMUP_FRACTION = 0.05
@@ -49,7 +48,8 @@ class WarmStartResult:
         demonstrations: the demonstrations it cloned.
         seconds: wall time of the optimisation (demonstrations and copy warm-up excluded).
         trained_tokens_per_s: trained (loss-carrying) tokens processed per second.
-        threads: the torch threads it ran on (:func:`warm_start_threads`).
+        threads: the torch threads it ran on: ``warm_start.num_threads``, or the time-weighted mean of the
+            free cores it followed (:class:`~agents.training.cpu_threads.FollowFreeCores`).
     """
 
     losses: list[float]
@@ -57,7 +57,7 @@ class WarmStartResult:
     seconds: float
     trained_tokens_per_s: float
     copy_losses: list[float] = field(default_factory=list)
-    threads: int = 1
+    threads: float = 1.0
 
     def as_dict(self) -> dict[str, float]:
         """Scalars for logs: first and last loss, the demonstrations' make-up, speed."""
@@ -71,7 +71,7 @@ class WarmStartResult:
             "warm_start/demo_reward": demos.mean_reward,
             "warm_start/seconds": self.seconds,
             "warm_start/trained_tokens_per_s": self.trained_tokens_per_s,
-            "warm_start/threads": float(self.threads),
+            "warm_start/threads": self.threads,
             "warm_start/copy_loss_last": self.copy_losses[-1] if self.copy_losses else float("nan"),
         }
 
@@ -136,8 +136,9 @@ def warm_start(
     (seeded reshuffles, epoch by epoch), ordered by length and split into micro-batches of
     ``optim.micro_batch_size`` rows, each trimmed to its longest row (the same gradient with less
     padding); the learning rate ``warm_start.learning_rate`` warms up over the first steps and decays on a
-    cosine. Shows a progress bar as ``run.progress`` says. Runs on :func:`warm_start_threads` torch threads
-    (the process's count is restored after).
+    cosine. Shows a progress bar as ``run.progress`` says. Runs on ``warm_start.num_threads`` torch threads,
+    or when unset on the cores other work leaves free, looked at again as it runs
+    (:class:`~agents.training.cpu_threads.FollowFreeCores`); the process's count is restored after.
 
     ``save``, when given, is called every ``warm_start.save_every`` steps (not after the last one) with
     the warm start's :class:`WarmStartProgress`, to write a checkpoint; ``progress`` (one such, restored
@@ -147,26 +148,20 @@ def warm_start(
     if options.steps < 1:
         raise ValueError(f"warm_start.steps must be >= 1 for a warm start, got {options.steps}")
     threads = torch.get_num_threads()
-    chosen = warm_start_threads(config)
-    torch.set_num_threads(chosen)
+    follower = FollowFreeCores() if options.num_threads is None else None
+    if follower is None:
+        torch.set_num_threads(options.num_threads)
     try:
-        result = _warm_start(backend, config, env, examples, progress, save)
+        result = _warm_start(backend, config, env, examples, progress, save, follower)
     finally:
         torch.set_num_threads(threads)
-    result.threads = chosen
+    result.threads = follower.mean_threads() if follower is not None else float(options.num_threads)
     return result
 
 
-def warm_start_threads(config: TrainConfig) -> int:
-    """The torch threads of the warm start: ``warm_start.num_threads``, or when unset the cores free now
-    (:func:`~agents.training.cpu_threads.free_cpu_cores`), 1 where that is not known."""
-    if config.warm_start.num_threads is not None:
-        return config.warm_start.num_threads
-    return free_cpu_cores() or 1
-
-
 def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, examples: Sequence[QAExample] | None,
-                progress: WarmStartProgress | None, save: Callable[[WarmStartProgress], None] | None) -> WarmStartResult:
+                progress: WarmStartProgress | None, save: Callable[[WarmStartProgress], None] | None,
+                follower: FollowFreeCores | None) -> WarmStartResult:
     options = config.warm_start
     policy, seed = backend.policy, config.run.seed
     single = env.make_env() if isinstance(env, BatchEnv) else env
@@ -199,6 +194,8 @@ def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, example
     try:
         with backend.supervised(options.learning_rate, lambda s: warmup_cosine(s, warmup, options.steps), **adamw):
             for step in _steps(config, done, backend.rank):
+                if follower is not None:
+                    follower.follow()
                 while len(order) < options.batch_size:
                     order += torch.randperm(len(trajectories), generator=generator).tolist()
                 rows, order = order[: options.batch_size], order[options.batch_size :]

@@ -117,6 +117,32 @@ def test_warm_start_runs_on_its_own_thread_count_then_restores_the_process_s(env
         _config(**{"warm_start.num_threads": 0})
 
 
+def test_unset_threads_follow_the_free_cores_and_leave_the_numbers_as_one_thread_gives_them(env, monkeypatch):
+    """With ``warm_start.num_threads`` unset, the warm start looks at the free cores at every step here
+    (``every_s`` 0) and takes them: 2, 1, 2, 1 ... ; its losses and weights are those of a run on one thread."""
+    from agents.training import cpu_threads
+
+    runs = []
+    for threads in (1, None):
+        free = iter([2, 1] * 4)
+        monkeypatch.setattr(cpu_threads, "free_cpu_cores", lambda own_threads=1: next(free))
+        monkeypatch.setattr(cpu_threads.FollowFreeCores.__init__, "__defaults__", (0.0,))
+        config = _config(**{"warm_start.steps": 4, "warm_start.examples": 8, "warm_start.batch_size": 4,
+                            "warm_start.num_threads": threads})
+        backend = TorchBackend(_policy(env, seed=3), config)
+        seen: list[int] = []
+        step = backend.step
+        monkeypatch.setattr(backend, "step", lambda: (seen.append(torch.get_num_threads()), step())[1])
+        out = warm_start(backend, config, env)
+        runs.append((seen, out.losses, out.threads, [p.detach().clone() for p in backend.policy.parameters()]))
+    assert runs[0][0] == [1, 1, 1, 1] and runs[1][0] == [1, 2, 1, 2]  # begins on 2, then looks before each step
+    assert torch.get_num_threads() == 1  # the suite's, restored
+    assert runs[0][2] == 1.0 and 1.0 <= runs[1][2] <= 2.0
+    assert runs[1][1] == runs[0][1]
+    for p, q in zip(runs[0][3], runs[1][3]):
+        assert torch.equal(p, q)
+
+
 def test_bad_input(env):
     with pytest.raises(ValueError, match=r"^warm_start.steps must be >= 1 for a warm start, got 0$"):
         _warm_start(_policy(env), _config(), env)
