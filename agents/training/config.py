@@ -174,8 +174,9 @@ class WarmStartConfig:
             the warm start), so that a run stopped during a long warm start goes on from there.
         num_threads: torch's CPU threads during the warm start; ``None`` (the default): the cores other work
             leaves free, looked at again every few seconds as it runs
-            (:class:`agents.training.cpu_threads.FollowFreeCores`; 1 where the platform does not say). No rollout runs then, so on a CPU the warm start can use the cores that RL shares with the
-            environment worker (``rollout.env_worker``); on a host whose cores are busy, a fixed second
+            (:class:`agents.training.cpu_threads.FollowFreeCores`; 1 where the platform does not say). No
+            rollout runs then, so on a CPU the warm start can use the cores that RL shares with the environment
+            worker (``rollout.env_worker``); on a host whose cores are busy, a fixed second
             thread would slow every step. The count does not change the result.
     """
 
