@@ -57,7 +57,7 @@ from agents.rollout.vllm_server_process import (
     Replica, RolloutServerError, free_port, open_weight_group, send_weights, server_command, stop_replicas,
 )
 
-__all__ = ["RolloutServerError", "ServerAgent", "VLLMServerEngine", "VLLMServerEngineOptions"]
+__all__ = ["RolloutServerError", "ServerAgent", "VLLMServerEngine", "VLLMServerEngineOptions", "check_servable"]
 
 #: Requests in flight at once, over all replicas.
 MAX_IN_FLIGHT = 64
@@ -118,6 +118,18 @@ class VLLMServerEngineOptions:
             raise ValueError(f"engine.gpus names {len(self.gpus)} GPUs for {self.replicas} replicas: give one per replica")
 
 
+def check_servable(config: Any) -> None:
+    """Refuse, in one line, a transformers model config that vLLM would serve with other shapes than the
+    trainer's: vLLM's Qwen2 takes a head's width to be ``hidden_size / num_attention_heads`` whatever the
+    config's ``head_dim`` says (its Llama reads ``head_dim``), so a Qwen2 with wider heads - the demo's tiny
+    model - would fail at its first request or sample from misread weights."""
+    head_dim = getattr(config, "head_dim", None)
+    natural = config.hidden_size // config.num_attention_heads
+    if getattr(config, "model_type", "") == "qwen2" and head_dim not in (None, natural):
+        raise ValueError(f"vLLM serves a Qwen2 with heads of hidden_size / heads = {natural}, not this model's {head_dim}: "
+                         "use a Llama-shaped model (--model.tiny_arch llama for the tiny one)")
+
+
 def _cleanup(replicas: list[Replica], folder: str) -> None:
     stop_replicas(replicas)
     shutil.rmtree(folder, ignore_errors=True)
@@ -146,6 +158,7 @@ class VLLMServerEngine:
 
     def __init__(self, policy: HFPolicy, options: VLLMServerEngineOptions, *, max_model_len: int = 4096, seed: int = 0,
                  temperature: float = 1.0, top_p: float = 1.0) -> None:
+        check_servable(policy.lm.config)
         self.policy, self.codec, self.options = policy, policy.codec, options
         self.temperature, self.top_p = temperature, top_p
         self.timeout_s = options.request_timeout_s
