@@ -63,7 +63,8 @@ class StepRollout:
         batch: the rows the algorithm kept.
         timings: where the rollout's time went.
         rounds: rollout rounds taken (dynamic sampling refills).
-        finished_at: ``time.perf_counter()`` when the rollout ended (not saved: a resumed run's clock differs).
+        finished_at: ``time.perf_counter()`` when the rollout ended (``None`` once loaded from a checkpoint:
+            a resumed run's clock is another).
     """
 
     step: int
@@ -72,7 +73,7 @@ class StepRollout:
     batch: TrainBatch
     timings: RolloutTimings
     rounds: int
-    finished_at: float = 0.0
+    finished_at: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data and tensors (a checkpoint is loaded with ``weights_only``): the episodes as JSON text,
@@ -170,12 +171,12 @@ class AsyncRollouts:
         if rollout is None:  # the first step, or a resumed run without a rollout ahead: on-policy, now
             sync_s = self._prepare(step)
             rollout = self._finish(step, step, *self._roll_out(step))
-        metrics = {"rollout/staleness_mean": float(step - rollout.version), "rollout/staleness_max": float(step - rollout.version),
-                   "time/update_waited": waited}
+        behind = float(step - rollout.version)  # every row of a step's rollout has the same version
+        metrics = {"rollout/staleness_mean": behind, "rollout/staleness_max": behind, "time/update_waited": waited}
         if step + 1 < self._steps:
-            idle_since = rollout.finished_at
             sync_s = self._prepare(step + 1)
-            metrics["time/rollout_waited"] = time.perf_counter() - idle_since
+            if rollout.finished_at is not None:
+                metrics["time/rollout_waited"] = time.perf_counter() - rollout.finished_at
             self._start(step + 1, step)
         metrics["time/weight_sync"] = sync_s
         return rollout, metrics
