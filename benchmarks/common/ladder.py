@@ -97,8 +97,8 @@ class LadderSize:
 
 QUICK = LadderSize(
     "quick",
-    {"data.world_size": 6000, "run.steps": 25, "eval.every": 5, "eval.questions": 30,
-     "rollout.questions_per_step": 4, "algorithm.group_size": 8, "rollout.env_worker": False},
+    {"data.world_size": 6000, "run.steps": 30, "eval.every": 5, "eval.questions": 30,
+     "rollout.questions_per_step": 8, "algorithm.group_size": 8, "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
     "TO BE MEASURED")
 
