@@ -448,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
                                          "algorithm": next(asdict(c.algorithm) for vv, _, c in planned[rung.name] if vv is v)}
                                 for v in variants}}
-        table = write_report(records_by_rung[rung.name], window, args.bootstrap_reps, rung_out, results)
+        table = write_report(records_by_rung[rung.name], window, args.bootstrap_reps, rung_out, results, title=rung.name)
         print(f"\n{rung.name or 'table'}:\n{table}\n(tables, plots and results.json in {rung_out})", flush=True)
     if size is not None:
         rows = ladder_summary(records_by_rung, reps=args.bootstrap_reps)

@@ -24,10 +24,12 @@ __all__ = ["em_band", "format_ladder_table", "ladder_summary", "plot_em_band", "
            "write_report"]
 
 
-def write_report(records: Sequence[RunRecord], window: int, reps: int, out: Path, results: Mapping[str, Any]) -> str:
+def write_report(records: Sequence[RunRecord], window: int, reps: int, out: Path, results: Mapping[str, Any], *,
+                 title: str = "") -> str:
     """Write ``out``'s ``table.md``, ``table.csv``, ``runs.csv``, a PNG per metric, the performance profiles,
-    the held-out EM curve with its bootstrap band (:func:`plot_em_band`) and ``results.json`` (``results``
-    plus the summaries, the runs and the load average at the end); return the table's text."""
+    the held-out EM curve with its bootstrap band (:func:`plot_em_band`, ``title`` naming the task) and
+    ``results.json`` (``results`` plus the summaries, the runs and the load average at the end); return the
+    table's text."""
     rows = summarize(records, window, reps=reps)
     pairs = improvements(records, window, reps=reps)
     table = format_table(rows) + (f"\n\n{format_improvements(pairs)}" if pairs else "")
@@ -40,7 +42,7 @@ def write_report(records: Sequence[RunRecord], window: int, reps: int, out: Path
     if profile_curves:
         plot_profiles(profile_curves, out / "heldout_em_profile.png")
     bands = em_band(records, reps=reps)
-    plot_em_band(bands, out / "heldout_em_band.png")
+    plot_em_band(bands, out / "heldout_em_band.png", title=title)
     everything = {**results, "bootstrap_reps": reps, "summary": rows, "improvements": pairs, "profiles": profile_curves,
                   "heldout_em_band": bands, "runs": [asdict(r) for r in records], "load_average_end": list(os.getloadavg())}
     (out / "results.json").write_text(json.dumps(everything, indent=2) + "\n", encoding="utf-8")
@@ -144,7 +146,7 @@ def plot_ladder_summary(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     held-out EM curve, with 95% interval bars."""
     plt = _pyplot()
     rungs = list(dict.fromkeys(r["rung"] for r in rows))
-    fig, axes = plt.subplots(1, len(rungs), figsize=(2.6 * len(rungs) + 1.5, 3.8), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(rungs), figsize=(max(2.6 * len(rungs) + 1.5, 6.0), 4.0), sharey=True, squeeze=False)
     for ax, rung in zip(axes[0], rungs):
         mine = [r for r in rows if r["rung"] == rung and r["auc"] is not None]
         for i, row in enumerate(mine):
@@ -156,7 +158,7 @@ def plot_ladder_summary(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ax.set_xlabel("EM curve area (IQM)", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     axes[0][0].invert_yaxis()
-    fig.suptitle("area under the held-out EM curve: interquartile mean over seeds, 95% stratified bootstrap", fontsize=9)
+    fig.suptitle("area under the held-out EM curve\ninterquartile mean over seeds, 95% stratified bootstrap", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
