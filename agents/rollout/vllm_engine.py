@@ -58,6 +58,7 @@ import torch
 from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk, turn_stop_strings
 from agents.rollout.engines import EngineSetup, register_engine
+from agents.rollout.vllm_folder import write_model_folder
 from search_env.data.example import QAExample
 from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
@@ -181,7 +182,7 @@ class VLLMEngine:
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
         # Removed by close(), or when the engine is collected or the interpreter exits without it.
         self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
-        policy.save_pretrained(self._folder, merge_adapters=False)
+        write_model_folder(policy, self._folder)
         self._device_type = next(policy.model.parameters()).device.type
         on_cpu = self._device_type == "cpu"
         kwargs: dict[str, Any] = {

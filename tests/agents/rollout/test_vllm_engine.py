@@ -40,7 +40,7 @@ def run_checks(*checks: str) -> dict:
 
 @pytest.fixture(scope="module")
 def weights():
-    return run_checks("sync", "lora")
+    return run_checks("sync", "demo_shape", "lora")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,17 @@ def test_weights_sync_after_an_optimiser_step(weights):
     assert sync["stale_after_step"] and sync["syncs"] == 2, sync  # the post-step hook, then one reload
     assert sync["moved"] > 1e-2, sync  # the step changed them ...
     assert sync["after_gap"] < LOGPROB_ATOL, sync  # ... and the engine follows
+
+
+def test_the_demos_qwen2_with_wide_heads_is_served_as_the_trainer_computes_it(weights):
+    """vLLM's Qwen2 would read the demo's heads of 32 as 96 / 4 = 24 wide; the engine's folder names the
+    equivalent Llama (query/key/value biases, ``head_dim`` read), and its log-probs are the trainer's, before
+    and after a sync."""
+    shape = weights["demo_shape"]
+    assert shape["trainer_model_type"] == "qwen2" and shape["served_model_type"] == "llama", shape
+    assert shape["served_head_dim"] == 32 and shape["qkv_bias"] is True, shape
+    assert shape["before_gap"] < LOGPROB_ATOL and shape["after_gap"] < LOGPROB_ATOL, shape
+    assert shape["moved"] > 1e-2 and shape["syncs"] == 2, shape
 
 
 def test_the_engines_model_folder_is_removed_on_close_and_when_a_process_exits_without_it(weights):

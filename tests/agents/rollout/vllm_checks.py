@@ -166,6 +166,36 @@ def check_sync() -> dict:
     }
 
 
+def check_demo_shape() -> dict:
+    """The demo's tiny model (a Qwen2 96 wide with four heads of 32, which vLLM's Qwen2 would read as heads
+    of 24) through the engine, before and after an optimiser step: the folder's config as vLLM reads it and
+    the gaps to the trainer's log-probs."""
+    from agents.learners import GRPO, GRPOConfig
+    from agents.policies.config import ModelConfig
+    from agents.policies.loading import load_policy
+    from agents.training.backends import build_backend
+    from agents.training.config import OptimConfig, TrainConfig
+
+    policy = load_policy(ModelConfig(name="tiny", tiny_layers=2, tiny_hidden=96, tiny_heads=4, tiny_head_dim=32, tiny_arch="qwen2"), seed=0)
+    config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=2, kl_coef=0.0), optim=OptimConfig(learning_rate=1e-2))
+    backend = build_backend(config, policy, GRPO(config.algorithm))
+    engine = VLLMEngine(policy, memory_fraction=MEMORY, max_model_len=1024).attach(backend)
+    with open(os.path.join(engine._folder, "config.json"), encoding="utf-8") as file:
+        served = json.load(file)
+    sequence = policy.codec.encode(SEQUENCE)
+    before_engine, before_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
+    optimiser_step(policy, backend, sequence)
+    after_engine, after_trainer = torch.tensor(engine.logprobs([sequence])[0][1:]), trainer_logprobs(policy, sequence)
+    engine.close()
+    return {
+        "trainer_model_type": policy.lm.config.model_type, "served_model_type": served["model_type"],
+        "served_head_dim": served["head_dim"], "qkv_bias": served.get("qkv_bias"), "syncs": engine.syncs,
+        "before_gap": float((before_engine - before_trainer).abs().max()),
+        "after_gap": float((after_engine - after_trainer).abs().max()),
+        "moved": float((after_engine - before_engine).abs().max()),
+    }
+
+
 def check_lora() -> dict:
     """A tiny Llama with LoRA adapters whose ``B`` is non-zero, through ``rollout.engine: vllm``: the engine's
     log-probs are the trainer's adapted model's, not its base's, and follow the adapters after an
@@ -385,7 +415,7 @@ def check_grpo() -> dict:
             "metric_keys": sorted(k for k in steps[0] if k.startswith(("rollout", "time/")))}
 
 
-CHECKS = {"sync": check_sync, "lora": check_lora, "protocols": check_protocols, "multi_turn": check_multi_turn,
+CHECKS = {"sync": check_sync, "demo_shape": check_demo_shape, "lora": check_lora, "protocols": check_protocols, "multi_turn": check_multi_turn,
           "prefill_budget": check_prefill_budget, "grpo": check_grpo}
 
 if __name__ == "__main__":
