@@ -346,10 +346,12 @@ def _worlds(run: SeedRun) -> str:
     return "-" if run.world_seed is None else f"{run.world_seed}/{run.eval_world_seed}"
 
 
-def plot(runs: Sequence[SeedRun], path: Path) -> Path:
+def plot(runs: Sequence[SeedRun], path: Path, *, cpu_minutes: bool = False) -> Path:
     """One figure for every run, one colour per pair: held-out greedy 2-hop EM and 1-hop EM against the RL
     step (from the warm start on), and 2-hop EM against training minutes (warm start, then RL; a mark at the
-    end of each warm start)."""
+    end of each warm start): wall minutes, or with ``cpu_minutes`` the process's CPU minutes (comparable
+    between runs of one thread on a machine whose load changed)."""
+    minutes = "cpu_minutes" if cpu_minutes else "minutes"
     import matplotlib
 
     matplotlib.use("Agg")
@@ -364,9 +366,10 @@ def plot(runs: Sequence[SeedRun], path: Path) -> Path:
             points = [p for p in rl if p[key] is not None]
             ax.plot([p["step"] for p in points], [p[key] for p in points], "-o", **options)
         points = [p for p in run.curve if p["greedy_2hop"] is not None]
-        by_minutes.plot([p["minutes"] for p in points], [p["greedy_2hop"] for p in points], "-", **options)
+        by_minutes.plot([p[minutes] for p in points], [p["greedy_2hop"] for p in points], "-", **options)
         if "warm start" in run.evaluations:
-            by_minutes.plot([run.warm_start_minutes], [0.0], "|", color=colors(i), ms=10)
+            end = run.warm_start_cpu_minutes if cpu_minutes else run.warm_start_minutes
+            by_minutes.plot([end], [0.0], "|", color=colors(i), ms=10)
     for ax, title in ((two_hop, "2-hop questions"), (one_hop, "1-hop questions"), (by_minutes, "2-hop questions")):
         ax.axhline(TARGET_EM, color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)
@@ -375,8 +378,8 @@ def plot(runs: Sequence[SeedRun], path: Path) -> Path:
     two_hop.set_ylabel("held-out greedy EM")
     for ax in (two_hop, one_hop):
         ax.set_xlabel("GRPO step (0: after the warm start)")
-    by_minutes.set_xlabel("training minutes, evaluations excluded (|: warm start ends)")
-    by_minutes.legend(fontsize=7, loc="center right")
+    by_minutes.set_xlabel(f"training {'CPU ' if cpu_minutes else ''}minutes, evaluations excluded (|: warm start ends)")
+    by_minutes.legend(fontsize=7, loc="center left")
     pairs = f"{len(runs)} pair{'s' if len(runs) != 1 else ''}"
     fig.suptitle(f"GRPO after a warm start that skips the second hop: {pairs} of model and world seeds")
     fig.tight_layout()
