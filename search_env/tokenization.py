@@ -14,6 +14,7 @@ text at all, because they end the episode rather than add to the answer.
 """
 from __future__ import annotations
 
+import json
 import os
 from functools import lru_cache
 from itertools import compress, count
@@ -21,7 +22,7 @@ from typing import Any, Sequence
 
 from search_env._optional import requires_extra
 
-__all__ = ["TokenCodec", "as_codec", "byte_level_alphabet"]
+__all__ = ["GENERIC_TOKENIZER_CLASSES", "TokenCodec", "as_codec", "byte_level_alphabet", "folder_tokenizer"]
 
 
 @lru_cache(maxsize=1)
@@ -185,6 +186,29 @@ class TokenCodec:
 _CODEC_CACHE: dict[int, TokenCodec] = {}
 
 
+#: ``tokenizer_class`` values of a folder whose ``tokenizer.json`` is the whole tokenizer (as transformers
+#: writes a bare ``tokenizers.Tokenizer``, the built-in one among them).
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def folder_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The transformers tokenizer of a model folder. A folder whose ``tokenizer_config.json`` names the
+    generic class (:data:`GENERIC_TOKENIZER_CLASSES`) is loaded as that class: ``AutoTokenizer`` would
+    rebuild the model type's own pipeline around its vocabulary instead (for a ``qwen2`` config, Qwen2's
+    pre-tokenizer), which splits the built-in tokenizer's text otherwise than it was trained on. Any other
+    folder loads as ``AutoTokenizer`` loads it."""
+    with requires_extra("agents", "a transformers tokenizer"):
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = os.path.join(os.fspath(path), "tokenizer_config.json")
+    if os.path.isfile(config):
+        with open(config, encoding="utf-8") as file:
+            declared = json.load(file).get("tokenizer_class")
+        if declared in GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 def as_codec(tokenizer: Any = None) -> TokenCodec:
     """A :class:`TokenCodec` for ``tokenizer``: ``None`` (the built-in tokenizer), a codec, a
     ``tokenizers.Tokenizer``, a transformers tokenizer, or a path to a ``tokenizer.json`` file or a
@@ -203,10 +227,7 @@ def as_codec(tokenizer: Any = None) -> TokenCodec:
 
             tokenizer = Tokenizer.from_file(path)
         else:
-            with requires_extra("agents", "a transformers tokenizer"):
-                from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = folder_tokenizer(path)
     key = id(tokenizer)
     codec = _CODEC_CACHE.get(key)
     if codec is None or codec.tokenizer is not tokenizer:

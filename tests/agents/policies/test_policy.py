@@ -10,7 +10,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.policies.loading import load_policy, load_smollm2, tiny_causal_lm  # noqa: E402
+from agents.policies.loading import load_codec, load_policy, load_smollm2, tiny_causal_lm  # noqa: E402
 from agents.policies.config import ModelConfig  # noqa: E402
 from agents.policies.policy import HFPolicy, ValueModel, position_ids_from_mask  # noqa: E402
 from search_env.synthetic.tokenizer import BUILTIN_TOKENIZER_PATH  # noqa: E402
@@ -210,6 +210,24 @@ def test_load_policy_reads_a_local_folder_and_refuses_a_mismatched_tokenizer(tmp
     split_tag_tokenizer.save(str(tmp_path / "small.json"))
     with pytest.raises(ValueError, match=r"tokenizer has \d+ ids but the model's embedding has 4096 rows"):
         load_policy(ModelConfig(str(tmp_path / "model"), str(tmp_path / "small.json")))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_saved_tiny_policy_loads_back_with_the_tokenizer_it_was_trained_with(tmp_path, arch):
+    """The folder holds the built-in tokenizer as a bare ``tokenizer.json``; transformers' AutoTokenizer would
+    load a ``qwen2`` folder's with Qwen2's own pre-tokenizer, which splits names and numbers otherwise (the
+    demo's reloaded policy answered 1-hop questions at 0.64 instead of 0.99). The ids and the model's
+    log-probs of a demonstration come back exactly."""
+    policy = load_policy(ModelConfig("tiny", tiny_layers=1, tiny_hidden=32, tiny_heads=2, tiny_head_dim=32, tiny_arch=arch), seed=4)
+    folder = policy.save_pretrained(tmp_path / "policy")
+    loaded = load_policy(str(folder))
+    text = "<search> In which country is Sunkiz? </search>\n<information>Sunkiz is a city in Noujoskand. It has 469000 people.\n</information>"
+    ids = policy.codec.encode(text)
+    assert loaded.codec.encode(text) == ids and load_codec(str(folder)).encode(text) == ids and as_codec(str(folder)).encode(text) == ids
+    assert loaded.codec.decode(ids) == text
+    batch = torch.tensor([ids])
+    with torch.no_grad():
+        assert torch.equal(loaded(batch, torch.ones_like(batch)).logprobs, policy(batch, torch.ones_like(batch)).logprobs)
 
 
 @pytest.mark.parametrize(
