@@ -100,13 +100,18 @@ QUICK = LadderSize(
     {"data.world_size": 6000, "run.steps": 30, "eval.every": 5, "eval.questions": 30,
      "rollout.questions_per_step": 8, "algorithm.group_size": 8, "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
-    "TO BE MEASURED")
+    "measured on the 2-core CPU shared with other jobs (load 1.5-4.5), --jobs 2: the demo's warm start once, 14.4 min "
+    "wall (8.0 min process CPU); a rung's 27 runs about 21 min wall (0.5-0.9 process CPU min per run of a grouped "
+    "algorithm, 1.2-1.3 for PPO); the five rungs about 1 h 45 min after the warm start, over the 30-minute aim: "
+    "a size that fits it (25 steps of 4 x 8, 12 min per rung) separated no algorithm (benchmarks/RESULTS.md)")
 
 FULL = LadderSize(
     "full",
     {"data.world_size": 20000, "run.steps": 60, "eval.every": 5, "eval.questions": 100, "rollout.env_worker": False},
     {}, (0, 1, 2, 3, 4), None,
-    "TO BE MEASURED")
+    "estimated from the quick ladder, not measured: five warm starts of 14-15 min each, two at a time (about 45 min); "
+    "a run twice as long with three times the held-out questions costs about 2.5 times a quick one, so a rung's 45 "
+    "runs take about 1 h 40 min in two jobs, and the five rungs about 9 h")
 
 LADDERS: dict[str, LadderSize] = {s.name: s for s in (QUICK, FULL)}
 
