@@ -17,8 +17,8 @@ all trained from the same warm start; the rungs, the two sizes and their budgets
 ``--output-dir``; ``ladder.md``, ``ladder_auc.png`` and ``ladder.json`` there summarise across rungs (per
 rung and algorithm the interquartile mean of the area under the held-out EM curve and of the steps to EM
 0.5 and 0.8, with 95% intervals: :mod:`benchmarks.common.algorithm_report`). ``--jobs N`` runs N at a time,
-each in a spawned process with one torch thread (a rung's runs of one seed share one process and the
-rung's data); the records are the same as with one job.
+each in a spawned process with one torch thread (a rung's runs are split into N equal shares, each
+sharing one process and the rung's data, built once per share); the records are the same as with one job.
 
 **The same for every algorithm.** The demo recipe (``agents/configs/demo.yaml``, or ``--config``, with
 ``--set`` changes) fixes the task, model, environment, sampling, optimiser and held-out evaluation. Per
@@ -237,8 +237,8 @@ def run_algorithm(config: TrainConfig, algorithm: str, *, window: int, log: Call
 
 @dataclass(frozen=True)
 class Task:
-    """Runs that share their task's data (built once, in one process): a rung's runs, of one seed when the
-    runs are spread over jobs, of every seed otherwise.
+    """Runs that share their task's data (built once, in one process): a rung's runs, or with several jobs
+    an equal share of them per job (a share per seed would leave a core idle with three seeds and two jobs).
 
     Attributes:
         rung: the rung's name (``""``: the single task of a command without ``--ladder``).
@@ -430,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks = []
     for rung in rungs:
         runs = [(v.name, seed, c.updated({"model.name": str(warm_starts[seed].policy_dir)})) for v, seed, c in planned[rung.name]]
-        groups = [[r for r in runs if r[1] == seed] for seed in seeds] if args.jobs > 1 else [runs]
+        share = -(-len(runs) // args.jobs)
+        groups = [runs[i:i + share] for i in range(0, len(runs), share)]
         tasks += [Task(rung.name, tuple((name, c) for name, _, c in group), rung.probe, window, tuple(args.imports)) for group in groups]
     done = _in_jobs(_task_job, [(t,) for t in tasks], min(args.jobs, len(tasks)))
     records_by_rung: dict[str, list[RunRecord]] = {}

@@ -97,8 +97,8 @@ class LadderSize:
 
 QUICK = LadderSize(
     "quick",
-    {"data.world_size": 6000, "run.steps": 30, "eval.every": 5, "eval.questions": 30,
-     "rollout.questions_per_step": 8, "algorithm.group_size": 8, "rollout.env_worker": False},
+    {"run.steps": 30, "eval.every": 3, "eval.questions": 30, "rollout.questions_per_step": 8, "algorithm.group_size": 8,
+     "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
     "measured on the 2-core CPU shared with other jobs (load 1.5-4.5), --jobs 2: the demo's warm start once, 14.4 min "
     "wall (8.0 min process CPU); a rung's 27 runs about 21 min wall (0.5-0.9 process CPU min per run of a grouped "
