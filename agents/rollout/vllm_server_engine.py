@@ -53,11 +53,12 @@ from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk
 from agents.rollout.engines import EngineSetup, register_engine
 from agents.rollout.vllm_engine import CPU_KV_CACHE_GIB_MAX, VLLMAgent
+from agents.rollout.vllm_folder import write_model_folder
 from agents.rollout.vllm_server_process import (
     Replica, RolloutServerError, free_port, open_weight_group, send_weights, server_command, stop_replicas,
 )
 
-__all__ = ["RolloutServerError", "ServerAgent", "VLLMServerEngine", "VLLMServerEngineOptions", "check_servable"]
+__all__ = ["RolloutServerError", "ServerAgent", "VLLMServerEngine", "VLLMServerEngineOptions"]
 
 #: Requests in flight at once, over all replicas.
 MAX_IN_FLIGHT = 64
@@ -118,18 +119,6 @@ class VLLMServerEngineOptions:
             raise ValueError(f"engine.gpus names {len(self.gpus)} GPUs for {self.replicas} replicas: give one per replica")
 
 
-def check_servable(config: Any) -> None:
-    """Refuse, in one line, a transformers model config that vLLM would serve with other shapes than the
-    trainer's: vLLM's Qwen2 takes a head's width to be ``hidden_size / num_attention_heads`` whatever the
-    config's ``head_dim`` says (its Llama reads ``head_dim``), so a Qwen2 with wider heads - the demo's tiny
-    model - would fail at its first request or sample from misread weights."""
-    head_dim = getattr(config, "head_dim", None)
-    natural = config.hidden_size // config.num_attention_heads
-    if getattr(config, "model_type", "") == "qwen2" and head_dim not in (None, natural):
-        raise ValueError(f"vLLM serves a Qwen2 with heads of hidden_size / heads = {natural}, not this model's {head_dim}: "
-                         "use a Llama-shaped model (--model.tiny_arch llama for the tiny one)")
-
-
 def _cleanup(replicas: list[Replica], folder: str) -> None:
     stop_replicas(replicas)
     shutil.rmtree(folder, ignore_errors=True)
@@ -139,8 +128,9 @@ class VLLMServerEngine:
     """vLLM servers over ``policy``'s weights, kept in step with them (module docstring).
 
     Args:
-        policy: the trained policy (written as a model folder for launched servers; a LoRA policy's frozen
-            base, its adapters sent apart). Under ZeRO-3 build the engine within ``generation()``.
+        policy: the trained policy (written for launched servers by
+            :func:`~agents.rollout.vllm_folder.write_model_folder`, which servers started by hand should load
+            too; a LoRA policy's frozen base, its adapters sent apart). Under ZeRO-3 build the engine within ``generation()``.
         options: :class:`VLLMServerEngineOptions`.
         max_model_len: the longest context a row may reach.
         seed: the launched servers' seed (every request carries its own too).
@@ -158,7 +148,6 @@ class VLLMServerEngine:
 
     def __init__(self, policy: HFPolicy, options: VLLMServerEngineOptions, *, max_model_len: int = 4096, seed: int = 0,
                  temperature: float = 1.0, top_p: float = 1.0) -> None:
-        check_servable(policy.lm.config)
         self.policy, self.codec, self.options = policy, policy.codec, options
         self.temperature, self.top_p = temperature, top_p
         self.timeout_s = options.request_timeout_s
@@ -182,7 +171,7 @@ class VLLMServerEngine:
             if options.urls:
                 self._replicas += [Replica(i, url) for i, url in enumerate(options.urls)]
             else:
-                policy.save_pretrained(self._folder, merge_adapters=False)
+                write_model_folder(policy, self._folder)
                 self._replicas += [self._launch(i, max_model_len, seed) for i in range(options.replicas)]
             self._wait_healthy()
             self.model = self._replicas[0].post("/v1/models", None, self.timeout_s)["data"][0]["id"]

@@ -26,6 +26,7 @@ from agents.policies.policy import HFPolicy
 from agents.rollout.collect import collect_rollouts
 from agents.rollout.engines import EngineSetup, lookup_engine
 from agents.rollout.vllm_server_engine import RolloutServerError, VLLMServerEngineOptions
+from agents.rollout.vllm_folder import write_model_folder
 from search_env import BatchSearchQAEnv, available_protocols
 from search_env.tokenization import as_codec
 from search_env.trajectory import AGENT
@@ -212,7 +213,7 @@ def test_seeded_episodes_equal_the_in_process_engines(engine, policy, vllm_pytho
     the in-process engine (vLLM's seeded sampling, whichever replica and batch a row lands in)."""
     engine.sync()
     protocols = ["search-r1", "r1-searcher"]
-    policy.save_pretrained(tmp_path / "policy", merge_adapters=False)
+    write_model_folder(policy, tmp_path / "policy")
     env_vars = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([vllm_python, "-c", IN_PROCESS, str(tmp_path / "policy"), *protocols], capture_output=True,
                          text=True, timeout=900, cwd=REPO_ROOT, env=env_vars)
