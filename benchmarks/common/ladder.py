@@ -56,12 +56,14 @@ class Rung:
 
 RUNGS: tuple[Rung, ...] = (
     Rung("1hop", {"data.world_max_hops": 1},
-         "single-lookup questions only: one search, copy the answer; the warm start answers some already, so it "
-         "shows how fast an algorithm sharpens a skill the policy has"),
+         "single-lookup questions only: one search, copy the answer; the warm start answers every held-out 1-hop "
+         "question already (EM 1.00 on 2hop's), so the rung shows an algorithm that unlearns, not a speed"),
     Rung("2hop", {}, "the demo's task: 1- and 2-hop chain questions; the warm start answers 2-hop ones with the bridge "
-         "entity, and RL must find the second search (the earlier benchmark's speed difference)"),
+         "entity, and RL must find the second search (quick ladder: grouped algorithms about two steps ahead of "
+         "PPO and REINFORCE++, intervals touching)"),
     Rung("3hop", {"data.world_max_hops": 3},
-         "1- to 3-hop chains: a third search the warm start never demonstrated, so rewards are sparser"),
+         "1- to 3-hop chains: a third search the warm start never demonstrated, so rewards are sparser (quick "
+         "ladder: the grouped algorithms reach EM 0.5 six to nine steps before PPO and REINFORCE++, intervals apart)"),
     Rung("distractors", {"env.top_k": 1},
          "the 2-hop task with one passage per search instead of two: the query must rank the right passage "
          "first (the demo's recipe notes that one result trained worse than two)"),
@@ -100,10 +102,10 @@ QUICK = LadderSize(
     {"run.steps": 30, "eval.every": 3, "eval.questions": 30, "rollout.questions_per_step": 8, "algorithm.group_size": 8,
      "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
-    "measured on the 2-core CPU shared with other jobs (load 1.5-4.5), --jobs 2: the demo's warm start once, 14.4 min "
-    "wall (8.0 min process CPU); a rung's 27 runs about 21 min wall (0.5-0.9 process CPU min per run of a grouped "
-    "algorithm, 1.2-1.3 for PPO); the five rungs about 1 h 45 min after the warm start, over the 30-minute aim: "
-    "a size that fits it (25 steps of 4 x 8, 12 min per rung) separated no algorithm (benchmarks/RESULTS.md)")
+    "measured on the 2-core CPU shared with other jobs (load 1.2-3), --jobs 2: the demo's warm start once, 14.4 min "
+    "wall (8.0 min process CPU, load 5); 2hop's 27 runs 11.7 min, 3hop's 19.6 min (0.6-0.9 process CPU min per run "
+    "of a grouped algorithm, 1.1 for PPO); the five rungs estimated at about 1 h 20 min after the warm start, over "
+    "the 30-minute aim: a size that fits it (25 steps of 4 x 8) moved no algorithm's answers (benchmarks/RESULTS.md)")
 
 FULL = LadderSize(
     "full",
