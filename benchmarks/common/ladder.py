@@ -105,7 +105,8 @@ QUICK = LadderSize(
     "measured on the 2-core CPU shared with other jobs (load 1.2-3), --jobs 2: the demo's warm start once, 14.4 min "
     "wall (8.0 min process CPU, load 5); 2hop's 27 runs 11.7 min, 3hop's 19.6 min (0.6-0.9 process CPU min per run "
     "of a grouped algorithm, 1.1 for PPO); the five rungs estimated at about 1 h 20 min after the warm start, over "
-    "the 30-minute aim: a size that fits it (25 steps of 4 x 8) moved no algorithm's answers (benchmarks/RESULTS.md)")
+    "the 30-minute aim: a size that fits it (25 steps of 4 x 8) moved no algorithm's answers, measured before a "
+    "policy-loading fix and not again since (benchmarks/RESULTS.md)")
 
 FULL = LadderSize(
     "full",
