@@ -5,9 +5,9 @@ A rung changes the task reinforcement learning faces, never the policy it starts
 seed trains from the same warm start (the demo recipe's, on its 2-hop world, cached by
 :mod:`benchmarks.common.warm_start_cache`), so a rung's runs differ from another rung's by the task alone,
 and the warm start's minutes are paid once for the whole ladder: once per seed in the full ladder, once in
-all in the quick one, whose seeds share seed 0's warm start and differ in the RL seed alone (a warm start
-as short as the quick budget allows left the held-out EM at 0-0.2, with nothing for the algorithms to
-learn: ``benchmarks/RESULTS.md``). A rung's changes are recipe
+all in the quick one, whose seeds share seed 0's warm start and differ in the RL seed alone (warm starts
+as short as the quick budget allows left the held-out EM at 0-0.2 in probes that, as found later, loaded
+the cached policy with the wrong tokenizer: ``benchmarks/RESULTS.md``; not measured again). A rung's changes are recipe
 changes (``GROUP.FIELD`` -> value, applied after the size's and before ``--set``) and, for retrieval noise,
 a probe that wraps every source of the rung's training and held-out worlds
 (:class:`search_env.ProbeSource`: the held-out EM is then measured under the same noise).
