@@ -1,5 +1,7 @@
-"""PPO, GRPO, Dr. GRPO, DAPO, REINFORCE++, REINFORCE++-baseline, RLOO, GSPO and GiGPO side by side on the demo's
-2-hop task, or on a ladder of tasks from easy to hard.
+"""Nine RL algorithms side by side on the demo's 2-hop task, or on a ladder of tasks from easy to hard.
+
+PPO, GRPO, Dr. GRPO, DAPO, REINFORCE++, REINFORCE++-baseline, RLOO, GSPO and GiGPO, and any algorithm a user
+registers.
 
 Every algorithm trains on the demo's synthetic 2-hop task (or each rung's) from the same warm-started
 policy, with the same sample budget and seeds.
