@@ -20,7 +20,7 @@ from benchmarks.common.algorithm_tables import (
 )
 from benchmarks.common.rl_statistics import DEFAULT_REPS, stratified_bootstrap_ci
 
-__all__ = ["em_band", "format_ladder_table", "ladder_summary", "plot_em_band", "plot_ladder_summary", "steps_to_threshold",
+__all__ = ["cpu_minutes_to_threshold", "em_band", "format_ladder_table", "ladder_summary", "plot_em_band", "plot_ladder_summary", "steps_to_threshold",
            "write_report"]
 
 
@@ -96,11 +96,23 @@ def steps_to_threshold(record: RunRecord, threshold: float) -> tuple[float, bool
     return float(max((p["step"] for p in record.evaluations), default=0) + 1), False
 
 
+def cpu_minutes_to_threshold(record: RunRecord, threshold: float) -> float | None:
+    """The process CPU minutes the run spent until its held-out EM first reached ``threshold``; a run that
+    never did counts as its whole CPU time (censored, as :func:`steps_to_threshold`); ``None`` for a record
+    whose steps kept no CPU time."""
+    hit = to_threshold(record, threshold)
+    if hit is not None:
+        return hit["cpu_minutes"]
+    return record.cpu_s / 60 if record.steps and "cpu_s" in record.steps[-1] else None
+
+
 def ladder_summary(records_by_rung: Mapping[str, Sequence[RunRecord]], *, reps: int = DEFAULT_REPS,
                    seed: int = 0) -> list[dict[str, Any]]:
     """Per rung and algorithm: the interquartile mean over seeds of the area under the held-out EM curve
-    (``auc``) and of the steps to each EM threshold (``steps_to_<t>``, censored as :func:`steps_to_threshold`
-    says, with ``reached``: how many seeds reached it), each with its stratified-bootstrap 95% interval."""
+    (``auc``), of the steps to each EM threshold (``steps_to_<t>``, censored as :func:`steps_to_threshold`
+    says, with ``reached``: how many seeds reached it) and of the process CPU minutes to it
+    (``cpu_minutes_to_<t>``, censored alike; ``None`` unless every run kept its CPU times), each with its
+    stratified-bootstrap 95% interval."""
     rows = []
     for rung, records in records_by_rung.items():
         for algorithm, runs in _by_algorithm(records).items():
@@ -111,6 +123,8 @@ def ladder_summary(records_by_rung: Mapping[str, Sequence[RunRecord]], *, reps: 
                 hits = [steps_to_threshold(r, t) for r in runs]
                 row[f"steps_to_{t:g}"] = _interval([s for s, _ in hits], reps, seed)
                 row[f"reached_{t:g}"] = sum(ok for _, ok in hits)
+                cpu = [cpu_minutes_to_threshold(r, t) for r in runs]
+                row[f"cpu_minutes_to_{t:g}"] = None if None in cpu else _interval(cpu, reps, seed)
             rows.append(row)
     return rows
 
@@ -132,11 +146,13 @@ def format_ladder_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """:func:`ladder_summary` as a markdown table; a steps cell says how many seeds reached the threshold
     (the others counted as censored)."""
     header = ["rung", "algorithm", "seeds", "EM area IQM [95% CI]",
-              *(f"steps to EM {t:g} IQM [95% CI] (seeds reaching)" for t in THRESHOLDS)]
+              *(f"steps to EM {t:g} IQM [95% CI] (seeds reaching)" for t in THRESHOLDS),
+              *(f"CPU min to EM {t:g} IQM [95% CI]" for t in THRESHOLDS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["rung"], row["algorithm"], str(row["seeds"]), _ci(row["auc"], 3),
-                 *(f"{_ci(row[f'steps_to_{t:g}'], 1)} ({row[f'reached_{t:g}']}/{row['seeds']})" for t in THRESHOLDS)]
+                 *(f"{_ci(row[f'steps_to_{t:g}'], 1)} ({row[f'reached_{t:g}']}/{row['seeds']})" for t in THRESHOLDS),
+                 *(_ci(row[f"cpu_minutes_to_{t:g}"], 2) for t in THRESHOLDS)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

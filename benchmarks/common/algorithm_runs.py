@@ -75,8 +75,9 @@ class RunRecord:
 
     Attributes:
         steps: per training step, ``step``, the step metrics of :data:`METRICS` (``None`` where the step
-            had none, e.g. no entropy in a step whose update had no trained tokens) and ``episodes``, those
-            rolled out for training up to and including this step (what a threshold cost in samples).
+            had none, e.g. no entropy in a step whose update had no trained tokens), ``episodes``, those
+            rolled out for training up to and including this step (what a threshold cost in samples), and
+            ``cpu_s``, the process CPU seconds of the run up to the end of this step (what it cost in compute).
         evaluations: per held-out evaluation, ``step``, ``stage`` (``"start"``, ``"final"`` or ``None``),
             ``heldout_em`` and ``heldout_em_2hop`` (greedy).
         episodes: episodes rolled out for training, all steps together.
@@ -123,7 +124,7 @@ class AlgorithmCurve(Callback):
 
     def on_update(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
         point = {"step": trainer.step, **{name: _number(metrics.get(name)) for name in _TRAINER_METRICS}, "kl": self._kl,
-                 "episodes": self.record.episodes}
+                 "episodes": self.record.episodes, "cpu_s": time.process_time() - self._started[1]}
         self.record.steps.append(point)
 
     def on_evaluation_start(self, trainer: Trainer, stage: str | None) -> None:

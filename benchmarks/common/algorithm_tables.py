@@ -49,14 +49,19 @@ def area_under_curve(record: RunRecord, metric: str = "heldout_em") -> float | N
     return area / (points[-1][0] - points[0][0])
 
 
-def to_threshold(record: RunRecord, threshold: float, metric: str = "heldout_em") -> dict[str, int] | None:
-    """The first evaluation at which the run's held-out ``metric`` reached ``threshold`` (>=): its ``step``
-    and the training ``episodes`` rolled out up to it (0 at the start); ``None`` when it never did."""
-    episodes = {p["step"]: p["episodes"] for p in record.steps}
+def to_threshold(record: RunRecord, threshold: float, metric: str = "heldout_em") -> dict[str, Any] | None:
+    """The first evaluation at which the run's held-out ``metric`` reached ``threshold`` (>=): its ``step``,
+    the training ``episodes`` rolled out up to it (0 at the start) and the process CPU minutes spent up to
+    the end of that step (``cpu_minutes``; 0 at the start, ``None`` in a record made before steps kept their
+    CPU time); ``None`` when it never did."""
+    by_step = {p["step"]: p for p in record.steps}
     for point in sorted(record.evaluations, key=lambda p: p["step"]):
         if point[metric] is not None and point[metric] >= threshold:
             step = point["step"]
-            return {"step": step, "episodes": episodes[step] if step > 0 else 0}
+            if step == 0:
+                return {"step": 0, "episodes": 0, "cpu_minutes": 0.0}
+            cpu = by_step[step].get("cpu_s")
+            return {"step": step, "episodes": by_step[step]["episodes"], "cpu_minutes": None if cpu is None else cpu / 60}
     return None
 
 
@@ -168,9 +173,15 @@ def format_improvements(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _reached(hits: Sequence[Mapping[str, int] | None]) -> str:
+def _reached(hits: Sequence[Mapping[str, Any] | None]) -> str:
     """Each run's step to a threshold, ``-`` for a run that never reached it."""
     return ", ".join("-" if hit is None else str(hit["step"]) for hit in hits)
+
+
+def _cpu_reached(hits: Sequence[Mapping[str, Any] | None]) -> str:
+    """Each run's process CPU minutes to a threshold, ``-`` for a run that never reached it (``?``: reached,
+    in a record without CPU times)."""
+    return ", ".join("-" if hit is None else "?" if hit["cpu_minutes"] is None else f"{hit['cpu_minutes']:.2f}" for hit in hits)
 
 
 def _mean_sd(spread: Mapping[str, Any], digits: int = 3) -> str:
@@ -192,15 +203,18 @@ _TABLE = (("start EM", "start_em", 3), ("final reward", "reward", 3), ("held-out
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The summary as a markdown table: mean ± standard deviation over seeds (the mean alone for one seed);
-    the interquartile means with their 95% intervals; each seed's step to every threshold."""
+    the interquartile means with their 95% intervals; each seed's step and process CPU minutes to every
+    threshold."""
     header = ["algorithm", "seeds", "episodes/step", *(label for label, _, _ in _TABLE), "EM IQM [95% CI]",
-              "EM area IQM [95% CI]", *(f"steps to EM {t:g}" for t in THRESHOLDS), "reward collapse", "entropy collapse"]
+              "EM area IQM [95% CI]", *(f"steps to EM {t:g}" for t in THRESHOLDS), *(f"CPU min to EM {t:g}" for t in THRESHOLDS),
+              "reward collapse", "entropy collapse"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["algorithm"], str(len(row["seeds"])), "/".join(f"{e:g}" for e in row["episodes_per_step"]),
                  *(_mean_sd(row[key], digits) for _, key, digits in _TABLE),
                  _ci(row["heldout_em_iqm"]), _ci(row["heldout_em_auc_iqm"]),
                  *(_reached(row["to_threshold"][str(t)]) for t in THRESHOLDS),
+                 *(_cpu_reached(row["to_threshold"][str(t)]) for t in THRESHOLDS),
                  _collapses(row["collapse"]["reward"]), _collapses(row["collapse"]["entropy"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -224,7 +238,7 @@ def write_csvs(rows: Sequence[Mapping[str, Any]], records: Sequence[RunRecord], 
     with open(output_dir / "runs.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["algorithm", "seed", "steps", "episodes", "start_em", *METRICS, "heldout_em_auc",
-                         *(f"{what}_to_{t:g}" for t in THRESHOLDS for what in ("steps", "episodes")),
+                         *(f"{what}_to_{t:g}" for t in THRESHOLDS for what in ("steps", "episodes", "cpu_minutes")),
                          *(f"{n}_collapse_step" for n in COLLAPSE_FRACTIONS),
                          "wall_s", "cpu_s", "eval_wall_s", "output_dir"])
         for r in records:
@@ -238,9 +252,10 @@ def write_csvs(rows: Sequence[Mapping[str, Any]], records: Sequence[RunRecord], 
 _IQMS = ("heldout_em_iqm", "heldout_em_auc_iqm")
 
 
-def _csv_hit(hit: Mapping[str, int] | None) -> tuple[str, str]:
-    """A threshold crossing's step and episodes as two CSV cells' text (empty: never reached)."""
-    return ("", "") if hit is None else (str(hit["step"]), str(hit["episodes"]))
+def _csv_hit(hit: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """A threshold crossing's step, episodes and CPU minutes as three CSV cells' text (empty: never reached,
+    or no CPU time recorded)."""
+    return ("", "", "") if hit is None else (str(hit["step"]), str(hit["episodes"]), _csv(hit.get("cpu_minutes")))
 
 
 def _csv(value: float | None) -> str:

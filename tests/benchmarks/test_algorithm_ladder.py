@@ -88,11 +88,12 @@ def test_probed_data_wraps_every_training_and_held_out_source_and_closes_them() 
 def _record(algorithm: str, seed: int, em: list[float], steps: tuple[int, ...] = (0, 5, 10)):
     from benchmarks.common.algorithm_runs import RunRecord
 
+    # every step costs 6 process CPU seconds (0.1 min)
     stages = ["start", *([None] * (len(steps) - 2)), "final"]
     return RunRecord(algorithm, seed, f"/runs/{algorithm}/{seed}",
-                     steps=[{"step": s, "episodes": 4 * s} for s in steps if s > 0],
+                     steps=[{"step": s, "episodes": 4 * s, "cpu_s": 6.0 * s} for s in steps if s > 0],
                      evaluations=[{"step": s, "stage": st, "heldout_em": v, "heldout_em_2hop": None}
-                                  for s, st, v in zip(steps, stages, em)])
+                                  for s, st, v in zip(steps, stages, em)], cpu_s=6.0 * steps[-1])
 
 
 def test_the_em_band_is_the_mean_over_seeds_within_the_bootstrap_interval_worked_by_hand(tmp_path: Path) -> None:
@@ -120,13 +121,20 @@ def test_the_ladder_summary_counts_seeds_that_never_reach_a_threshold_as_censore
     fast = [_record("fast", s, em) for s, em in enumerate([[0.1, 0.6, 0.9], [0.1, 0.5, 0.8], [0.1, 0.7, 0.9], [0.1, 0.2, 0.6]])]
     slow = [_record("slow", s, [0.1, 0.1, 0.2]) for s in range(4)]
     assert steps_to_threshold(fast[0], 0.5) == (5.0, True) and steps_to_threshold(fast[3], 0.8) == (11.0, False)
-    rows = ladder_summary({"2hop": fast + slow, "1hop": fast[:1]}, reps=500)
+    untimed = _record("fast", 0, [0.1, 0.6, 0.9])
+    for point in untimed.steps:
+        del point["cpu_s"]
+    rows = ladder_summary({"2hop": fast + slow, "1hop": fast[:1], "3hop": [untimed]}, reps=500)
     by = {(r["rung"], r["algorithm"]): r for r in rows}
     row = by[("2hop", "fast")]
     # steps to 0.5: 5, 5, 5, 10 -> the interquartile mean drops one from each end: (5 + 5) / 2
     assert row["steps_to_0.5"]["value"] == 5.0 and row["reached_0.5"] == 4
     # steps to 0.8: 10, 10, 10 and 11 (never: last step + 1) -> (10 + 10) / 2; three of four seeds reached it
     assert row["steps_to_0.8"]["value"] == 10.0 and row["reached_0.8"] == 3
+    # CPU minutes at 0.1 per step: to 0.5, 0.5 0.5 0.5 1.0 -> 0.5; to 0.8, 1.0 for the three that reached it
+    # and the censored seed's whole run (10 steps: 1.0) -> 1.0; a record without CPU times has none
+    assert row["cpu_minutes_to_0.5"]["value"] == pytest.approx(0.5) and row["cpu_minutes_to_0.8"]["value"] == pytest.approx(1.0)
+    assert by[("3hop", "fast")]["cpu_minutes_to_0.5"] is None and by[("3hop", "fast")]["steps_to_0.5"]["value"] == 5.0
     # areas (trapezoids over 10 steps): 0.55, 0.475, 0.6, 0.275 -> IQM of the middle two, 0.475 and 0.55
     assert row["auc"]["value"] == pytest.approx((0.475 + 0.55) / 2)
     assert row["auc"]["low"] <= row["auc"]["value"] <= row["auc"]["high"]

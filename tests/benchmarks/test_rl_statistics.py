@@ -119,7 +119,8 @@ def _record(algorithm: str, seed: int, ems: list[tuple[int, float]], episodes_pe
     step_metrics = {name: 0.0 for name, (_, heldout) in METRICS.items() if not heldout}
     stages = ["start"] + [None] * (len(ems) - 2) + ["final"]
     return RunRecord(algorithm, seed, f"/runs/{algorithm}/{seed}",
-                     steps=[{"step": s, **step_metrics, "episodes": s * episodes_per_step} for s in range(1, last + 1)],
+                     steps=[{"step": s, **step_metrics, "episodes": s * episodes_per_step, "cpu_s": 3.0 * s}
+                            for s in range(1, last + 1)],
                      evaluations=[{"step": s, "stage": stage, "heldout_em": em, "heldout_em_2hop": None}
                                   for (s, em), stage in zip(ems, stages)],
                      episodes=last * episodes_per_step)
@@ -133,12 +134,17 @@ def test_area_under_the_em_curve_and_steps_to_thresholds_by_hand() -> None:
     # 4 * (0.6 + 0.9) / 2 = 3.0; area 3.6 over the span 6 -> 0.6
     run = _record("x", 0, [(0, 0.0), (2, 0.6), (6, 0.9)], episodes_per_step=8)
     assert area_under_curve(run) == pytest.approx(0.6)
-    # EM 0.5 first reached at step 2 (16 episodes rolled out by then), 0.8 at step 6 (48); 0.95 never
-    assert to_threshold(run, 0.5) == {"step": 2, "episodes": 16}
-    assert to_threshold(run, 0.8) == {"step": 6, "episodes": 48}
+    # EM 0.5 first reached at step 2 (16 episodes rolled out by then, 2 x 3 CPU s = 0.1 min), 0.8 at step 6
+    # (48 episodes, 18 s = 0.3 min); 0.95 never
+    assert to_threshold(run, 0.5) == {"step": 2, "episodes": 16, "cpu_minutes": pytest.approx(0.1)}
+    assert to_threshold(run, 0.8) == {"step": 6, "episodes": 48, "cpu_minutes": pytest.approx(0.3)}
     assert to_threshold(run, 0.95) is None
-    # a warm start already above the threshold reaches it at step 0, before any episode
-    assert to_threshold(_record("x", 0, [(0, 0.7), (1, 0.4)]), 0.5) == {"step": 0, "episodes": 0}
+    # a warm start already above the threshold reaches it at step 0, before any episode or CPU second
+    assert to_threshold(_record("x", 0, [(0, 0.7), (1, 0.4)]), 0.5) == {"step": 0, "episodes": 0, "cpu_minutes": 0.0}
+    # a record whose steps kept no CPU time still has its step and episodes
+    for point in run.steps:
+        del point["cpu_s"]
+    assert to_threshold(run, 0.5) == {"step": 2, "episodes": 16, "cpu_minutes": None}
     assert area_under_curve(_record("x", 0, [(0, 0.7)])) is None  # one evaluation has no area
 
 
@@ -156,10 +162,10 @@ def test_the_tables_carry_iqm_intervals_thresholds_and_improvements() -> None:
     assert 0.8 <= fast["heldout_em_iqm"]["low"] <= fast["heldout_em_iqm"]["high"] <= 0.9
     # areas: seed 0 (2 * 0.4 + 2 * 0.8) / 4 = 0.6, seed 1 (2 * 0.45 + 2 * 0.9) / 4 = 0.675
     assert fast["heldout_em_auc"]["mean"] == pytest.approx(0.6375)
-    assert fast["to_threshold"]["0.8"] == [{"step": 2, "episodes": 8}, {"step": 2, "episodes": 8}]
+    assert fast["to_threshold"]["0.8"] == [{"step": 2, "episodes": 8, "cpu_minutes": pytest.approx(0.1)}] * 2
     assert rows[1]["to_threshold"]["0.5"] == [None, None]
     table = format_table(rows)
-    assert "EM IQM [95% CI]" in table and "| 2, 2 |" in table and "| -, - |" in table
+    assert "EM IQM [95% CI]" in table and "| 2, 2 |" in table and "| -, - |" in table and "| 0.10, 0.10 |" in table
     pairs = improvements(records, window=1, reps=200)
     # every fast run above every slow run, on the final EM and on the area: P = 1 in every resample
     assert pairs == [{"x": "fast", "y": "slow", "heldout_em": {"value": 1.0, "low": 1.0, "high": 1.0},
