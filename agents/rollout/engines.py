@@ -26,7 +26,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 from agents.rollout.agent import RolloutAgent
 from rewards import UnknownNameError
@@ -75,8 +75,11 @@ class RolloutEngine(Protocol):
         ``backend.rollout_weights``; called once, by the trainer."""
         ...
 
-    def sync(self) -> None:
-        """Take the policy's current weights now."""
+    def sync(self, weights: Callable[..., Iterator[tuple[str, Any]]] | None = None) -> None:
+        """Take the policy's current weights now, or those ``weights`` yields (called as
+        ``backend.rollout_weights`` is: a copy of earlier weights, which ``rollout.max_staleness`` 2 and more
+        sends to an engine that generated for older ones meanwhile). An engine that decodes the trained
+        policy, or serves fixed weights, may take no ``weights``: those runs never send any."""
         ...
 
     def sleep(self) -> None:

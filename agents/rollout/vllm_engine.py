@@ -266,22 +266,24 @@ class VLLMEngine:
             yield name, tensor.detach()
 
     @torch.no_grad()
-    def sync(self) -> None:
-        """Load the policy's current weights (with LoRA, its adapters) into the engine and drop the prefix
+    def sync(self, weights: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
+        """Load the policy's current weights (with LoRA, its adapters), or those ``weights`` yields (a
+        snapshot of earlier ones: ``rollout.max_staleness`` 2 and more), into the engine and drop the prefix
         cache (its keys and values were computed with the old weights)."""
+        source = self._weights if weights is None else weights
         if self._asleep:
             self._wake()
         if self.lora:
-            self._load_adapters()
+            self._load_adapters(source)
         else:
             with self.own_precision():
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights()})
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": source()})
         self.llm.reset_prefix_cache()
         self.syncs += 1
         self.stale = False
 
-    def _load_adapters(self) -> None:
-        """Write the current adapters in peft's format and add them under a new id (an id vLLM has seen is
+    def _load_adapters(self, source: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
+        """Write the current adapters (``source``'s; default: the engine's weight source) in peft's format and add them under a new id (an id vLLM has seen is
         served from its cache, whatever the folder holds now); then remove the previous adapters from the
         engine and their folder, so one set is held at a time. The current folder stays until the next
         sync: vLLM reads an adapter from its path again should it ever drop it from its cache."""
@@ -289,7 +291,7 @@ class VLLMEngine:
 
         lora_id = next(self._lora_ids)
         folder = os.path.join(self._folder, f"adapter-{lora_id}")
-        self.policy.model.save_pretrained(folder, state_dict=dict(self._weights(adapters=True)))
+        self.policy.model.save_pretrained(folder, state_dict=dict((self._weights if source is None else source)(adapters=True)))
         engine, previous = self.llm.llm_engine, self.lora_request
         if previous is not None:
             engine.remove_lora(previous.lora_int_id)

@@ -282,13 +282,15 @@ class VLLMServerEngine:
             yield name, tensor.detach()
 
     @torch.no_grad()
-    def sync(self) -> None:
-        """Send the policy's current weights (with LoRA, its adapters) to every replica and reset their
-        prefix caches; the weights version goes up by one."""
+    def sync(self, weights: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
+        """Send the policy's current weights (with LoRA, its adapters), or those ``weights`` yields (a snapshot
+        of earlier ones: ``rollout.max_staleness`` 2 and more), to every replica and reset their prefix
+        caches; the weights version goes up by one."""
+        source = self._weights if weights is None else weights
         if self.lora:
-            self._send_adapters()
+            self._send_adapters(source)
         else:
-            self._broadcast("receive_weights", [], self._weights())
+            self._broadcast("receive_weights", [], source())
         self._each(lambda r: r.post("/reset_prefix_cache", {}, self.timeout_s))
         self.syncs += 1
         self.version += 1
@@ -308,14 +310,14 @@ class VLLMServerEngine:
             raise RolloutServerError(f"weight sync failed: {reason}") from None
         return [future.result() for future in futures]
 
-    def _send_adapters(self) -> None:
-        """Broadcast the adapters (peft's file names), have each worker write them on its machine, load them
+    def _send_adapters(self, source: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
+        """Broadcast the adapters (``source``'s; default: the engine's weight source; peft's file names), have each worker write them on its machine, load them
         on every server under a new name and unload the previous ones."""
         active = self.policy.model.active_adapter
         with tempfile.TemporaryDirectory() as folder:
             self.policy.model.peft_config[active].save_pretrained(folder)
             config = Path(folder, "adapter_config.json").read_text()
-        weights = ((name.replace(f".{active}.", "."), tensor) for name, tensor in self._weights(adapters=True))
+        weights = ((name.replace(f".{active}.", "."), tensor) for name, tensor in (self._weights if source is None else source)(adapters=True))
         folders = self._broadcast("receive_adapters", [config], weights)
         self._adapter_ids += 1
         name, previous = f"policy-adapters-{self._adapter_ids}", self.model

@@ -68,14 +68,15 @@ class RolloutConfig:
             when either computes in bf16 (its rounding alone moves a log-prob by ~0.1); a sync that did
             nothing measured ~0.7 after a large change of the weights.
         max_staleness: 0: each step's episodes are sampled by the weights it trains (generate, then
-            update). 1: the episodes of step t+1 are generated while step t updates, by the weights of
-            before that update (one version behind; :mod:`agents.training.async_rollout`), so a step takes
-            about the longer of the two phases rather than their sum; the learners' truncated importance
-            sampling (``algorithm.tis_cap``) corrects against the engine's log-probs. It needs an engine
-            with its own copy of the weights (``vllm-server``, ``vllm``) and one process. Larger bounds are
-            refused: the weights of a version would have to be kept and sent while the engine still
-            generates for an earlier one, and one engine that syncs only between rollouts gains nothing
-            from them.
+            update). K >= 1: the episodes of steps t+1..t+K are generated while step t updates, step s by
+            the weights after max(0, s - K) steps (at most K versions behind;
+            :mod:`agents.training.async_rollout`), so with K = 1 a step takes about the longer of the two
+            phases rather than their sum; the learners' truncated importance sampling
+            (``algorithm.tis_cap``) corrects against the engine's log-probs. It needs an engine with its own
+            copy of the weights (``vllm-server``, ``vllm``) and one process. K >= 2 keeps a copy of the
+            weights (with LoRA, of the adapters) per version ahead, up to K - 1 at once, until the engine
+            takes them; with one engine it adds staleness, not overlap (the rollouts still run one after
+            another).
     """
 
     questions_per_step: int = 8
@@ -89,8 +90,8 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_positive("rollout", self, "questions_per_step")
-        if self.max_staleness not in (0, 1):
-            raise ValueError(f"rollout.max_staleness must be 0 (synchronous) or 1 (one step generated ahead), got {self.max_staleness}")
+        if self.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness must be >= 0 (0: synchronous; K: K steps generated ahead), got {self.max_staleness}")
         check_finite("rollout", self, "temperature", "top_p")
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")

@@ -29,7 +29,7 @@ loop through ``trainer.control``. Checkpoints hold everything a step depends on 
 the steps an uninterrupted run takes; a resume may change only settings that leave a step's computation
 alone (:mod:`agents.training.resume`). Samplers and mini-batch shuffles draw from generators seeded by
 (seed, step), so evaluating more or less often never changes what training does. With
-``rollout.max_staleness`` 1 the next step's episodes are generated while a step updates
+``rollout.max_staleness`` K the next K steps' episodes are generated while a step updates
 (:mod:`agents.training.async_rollout`).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from agents.rollout.batch import TrainBatch
 from agents.rollout.collect import RolloutTimings
 from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
 from agents.rollout.sync_check import SyncCheck, default_tolerance, env_probe, policy_logprobs
-from agents.training.async_rollout import attach_engine
+from agents.training.async_rollout import WeightsSnapshot, attach_engine
 from agents.training.backends import TrainingBackend
 from agents.training.backends.base import training_dtype
 from agents.training.callbacks import Callback, TrainerControl, stop_on_interrupt
@@ -123,12 +123,13 @@ class Trainer:
         self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
         self.engine = engine if engine is not None else self._build_engine()
-        #: The rollout of the next step, generated while this one updates (``rollout.max_staleness`` 1), or None.
-        self.rollouts = attach_engine(self.engine, backend, max_staleness=config.rollout.max_staleness,
-                                      steps=config.run.steps, roll_out=self._rollout_batch, ready=self._ready_rollout)
-        self._engine_closed = False
         #: Checks each weight sync of an engine with its own copy of the weights (``rollout.sync_check``).
         self.sync_check = self._build_sync_check()
+        #: The rollouts of the next steps, generated while this one updates (``rollout.max_staleness``), or None.
+        self.rollouts = attach_engine(self.engine, backend, max_staleness=config.rollout.max_staleness,
+                                      steps=config.run.steps, roll_out=self._rollout_batch, ready=self._ready_rollout,
+                                      reference=lambda: None if self.sync_check is None else self._policy_probe_logprobs(self.sync_check.probe))
+        self._engine_closed = False
         # With several data-parallel ranks (backend.world_size > 1) rank 0 alone runs the callbacks: it logs,
         # evaluates, and writes the run's files; every rank rolls out its share of the questions.
         self.callbacks: list[Callback] = ([*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
@@ -402,12 +403,16 @@ class Trainer:
         with self.backend.generation():
             return policy_logprobs(self.policy, sequences)
 
-    def _ready_rollout(self, step: int) -> None:
-        """The engine ready for step ``step``'s rollout ahead: the reward's step set, its weights synced
-        (when stale) and the sync checked, here on the main thread between updates."""
+    def _ready_rollout(self, step: int, snapshot: WeightsSnapshot | None = None) -> None:
+        """The engine ready for step ``step``'s rollout ahead: the reward's step set, its weights synced (when
+        stale, on the main thread between updates; or from ``snapshot``, earlier weights, on the rollout's
+        thread) and the sync checked (against the trainer's log-probs kept with the snapshot)."""
         self.rollout_env().set_reward_step(step)
+        if snapshot is not None:
+            self.engine.sync(weights=snapshot)
         self.engine.wake_up()
-        self._check_sync()
+        if self.sync_check is not None:
+            self.sync_check.follow(self.engine, reference=None if snapshot is None else snapshot.reference)
 
     def _check_sync(self) -> None:
         """Check the engine's weights if it synced since the last check (:class:`SyncCheck`)."""
@@ -454,7 +459,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds besides the backend's folder: the algorithm, the settings (JSON text, which
         a resume is checked against), the run's state (:meth:`RunState.state_dict`, with its format) and, with
-        ``rollout.max_staleness`` 1, the next step's episodes (finished first: :mod:`agents.training.async_rollout`)."""
+        ``rollout.max_staleness``, the next steps' episodes (finished first: :mod:`agents.training.async_rollout`)."""
         ahead = {} if self.rollouts is None else {"rollout_ahead": self.rollouts.state_dict()}
         return {"algo": self.config.algo, "config_json": json.dumps(self.config.as_dict(), sort_keys=True),
                 **self.state.state_dict(), **ahead}

@@ -1,7 +1,8 @@
-"""Asynchronous, off-policy steps (``rollout.max_staleness 1``, :mod:`agents.training.async_rollout`), on the
-tiny model with an engine that keeps its own copy of the weights: the HF sampler over a copy of the policy,
-synced on request (as a vLLM engine is), which records the weights every rollout was sampled by and fails
-if a sync ever comes while it generates. The server engine's own checks are in
+"""Asynchronous, off-policy steps (``rollout.max_staleness`` 1 and K >= 2, :mod:`agents.training.async_rollout`),
+on the tiny model with an engine that keeps its own copy of the weights: the HF sampler over a copy of the
+policy, synced on request (as a vLLM engine is) from the live weights or a snapshot, which records the weights
+every rollout was sampled by and the snapshot versions it synced, and fails if a sync ever comes while it
+generates or a rollout meets it asleep. The server engine's own checks are in
 ``tests/agents/rollout/test_async_server.py``."""
 from __future__ import annotations
 
@@ -40,10 +41,15 @@ class CopyEngineOptions:
         fail_at_agent: the agent made this many-th (counting from 0) raises in its first ``generate`` (-1: none).
         background_delay_s: an agent asked for off the main thread waits this long first (so that the
             update's optimiser steps come before it: a sync then would take weights of the wrong version).
+        break_sync: this sync (counting from 1), when it is a snapshot's, counts but loads nothing (0: none).
+        sleep: the post-step hook puts the engine to sleep, as the vLLM engine's ``sleep`` does; a rollout
+            that meets it asleep fails.
     """
 
     fail_at_agent: int = -1
     background_delay_s: float = 0.0
+    break_sync: int = 0
+    sleep: bool = False
 
 
 def fingerprint(model: torch.nn.Module) -> float:
@@ -63,8 +69,9 @@ class CopyEngine:
     def __init__(self, policy: HFPolicy, options: CopyEngineOptions, temperature: float) -> None:
         self.copy = HFPolicy(copy.deepcopy(policy.model), policy.codec)
         self.options, self.temperature = options, temperature
-        self.stale, self.syncs, self.busy = True, 0, 0
+        self.stale, self.syncs, self.busy, self.asleep, self.sleeps = True, 0, 0, False, 0
         self.sync_threads: list[str] = []
+        self.synced_versions: list[int | None] = []
         self.agents: list[tuple[int, float, str]] = []  # (seed, weights fingerprint, thread name) of each agent
         self._weights: Any = None
         type(self).built.append(self)
@@ -80,25 +87,31 @@ class CopyEngine:
 
     def _after_step(self) -> None:
         self.stale = True
+        self.sleep()
 
     @torch.no_grad()
-    def sync(self) -> None:
+    def sync(self, weights: Any = None) -> None:
         if self.busy:
             raise AssertionError("a weight sync came while the engine generated")
-        state = dict(self.copy.model.named_parameters())
-        for name, tensor in self._weights():
-            if name in state:
-                state[name].copy_(tensor)
+        if self.asleep:
+            self.asleep = False
         self.syncs += 1
+        broken = weights is not None and self.syncs == self.options.break_sync
+        state = dict(self.copy.model.named_parameters())
+        for name, tensor in (self._weights if weights is None else weights)():
+            if name in state and not broken:
+                state[name].copy_(tensor)
         self.sync_threads.append(threading.current_thread().name)
+        self.synced_versions.append(getattr(weights, "version", None))  # a snapshot's version, None for the live weights
         self.stale = False
 
     def wake_up(self) -> None:
-        if self.stale:
+        if self.stale or self.asleep:
             self.sync()
 
     def sleep(self) -> None:
-        pass
+        if self.options.sleep and not self.asleep:
+            self.asleep, self.sleeps = True, self.sleeps + 1
 
     def close(self) -> None:
         pass
@@ -120,6 +133,8 @@ class CopyEngine:
             def generate(self, rows, budgets, **kwargs):
                 if fail:
                     raise RuntimeError("replica 0 (http://127.0.0.1:1) stopped answering")
+                if engine.asleep:
+                    raise AssertionError("a rollout met a sleeping engine")
                 engine.busy += 1
                 try:
                     return super().generate(rows, budgets, **kwargs)
@@ -157,10 +172,9 @@ def config(tmp_path, **changes) -> TrainConfig:
                                                    "run.steps": 4, "eval.every": 2, **changes})
 
 
-def test_max_staleness_other_than_0_or_1_is_refused_in_one_line(tmp_path):
-    for bad in (2, -1):
-        with pytest.raises(ValueError, match=r"^rollout.max_staleness must be 0 .*got " + str(bad) + "$"):
-            small_config("grpo", tmp_path, {"rollout.max_staleness": bad})
+def test_a_negative_max_staleness_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ValueError, match=r"^rollout.max_staleness must be >= 0 .*got -1$"):
+        small_config("grpo", tmp_path, {"rollout.max_staleness": -1})
 
 
 def test_an_engine_that_decodes_the_trained_policy_is_refused(tmp_path):
@@ -229,6 +243,102 @@ def test_an_error_of_the_rollout_ahead_stops_the_run_and_leaves_no_thread(tmp_pa
     with pytest.raises(RuntimeError, match=r"^replica 0 \(http://127.0.0.1:1\) stopped answering$"):
         run(config(tmp_path, **{"engine.fail_at_agent": 3}))
     assert [t for t in threading.enumerate() if t not in before and t.name.startswith("rollout-step-")] == []
+
+
+# -- K steps ahead -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k, every, staleness, snapshots", [
+    # K = 2, evaluating every 2 steps: an evaluation settles the pipeline, so step 4's launch (at step 2)
+    # takes the live weights on the main thread; steps 3 and 5 are launched behind others, from snapshots.
+    (2, 2, [0.0, 1.0, 2.0, 2.0, 2.0, 2.0], [1, 3]),
+    # K = 3, no periodic evaluation: steps 1..3 by the initial weights, 4 and 5 from snapshots of v1, v2.
+    (3, 0, [0.0, 1.0, 2.0, 3.0, 3.0, 3.0], [1, 2]),
+])
+def test_step_s_is_sampled_by_the_weights_after_s_minus_k_steps(tmp_path, k, every, staleness, snapshots):
+    record = Record()
+    trainer, result = run(config(tmp_path, **{"rollout.max_staleness": k, "run.steps": 6, "eval.every": every,
+                                              "engine.background_delay_s": 0.5}), callbacks=[record])
+    engine = CopyEngine.built[-1]
+    assert result.step == 6
+    by_seed = {seed: (weights, thread) for seed, weights, thread in engine.agents}
+    for step in range(6):
+        weights, thread = by_seed[trainer._seed("rollout", at=step)]
+        assert weights == record.weights[max(0, step - k)], step  # the weights identity: exactly v_{max(0, s-K)}
+        assert thread == ("MainThread" if step == 0 else f"rollout-step-{step}")
+    assert [m["rollout/staleness_max"] for m in record.metrics] == staleness
+    assert all(m["rollout/staleness_mean"] == m["rollout/staleness_max"] <= k for m in record.metrics)
+    # The snapshots' syncs ran on the threads of the rollouts they precede (the engine idle, its only user),
+    # each checked against the trainer's log-probs of that version; every other sync on the main thread.
+    from_snapshots = [(v, thread) for v, thread in zip(engine.synced_versions, engine.sync_threads) if v is not None]
+    assert [v for v, _ in from_snapshots] == snapshots
+    assert [thread for _, thread in from_snapshots] == [f"rollout-step-{v + k}" for v in snapshots]
+    assert all(thread == "MainThread" for v, thread in zip(engine.synced_versions, engine.sync_threads) if v is None)
+    assert [sync for sync, _ in trainer.sync_check.gaps] == list(range(1, engine.syncs + 1))
+    assert all(gap < 1e-5 for _, gap in trainer.sync_check.gaps)
+    assert all(m["time/update_waited"] >= 0 and m["time/weight_sync"] >= 0 for m in record.metrics)
+    assert any("time/rollout_waited" in m for m in record.metrics)
+    assert not trainer.rollouts.in_flight and trainer.rollouts.ahead == []
+
+
+def test_k_2_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp_path):
+    changes = {"rollout.max_staleness": 2, "run.steps": 5, "eval.every": 0}
+    straight = Record()
+    whole, _ = run(config(tmp_path / "a", **changes), callbacks=[straight])
+    stopped, resumed = Record(), Record()
+    # Stopped after step 0: the rollouts of steps 1 and 2 (by v0) were in flight and go into the checkpoint.
+    first, result = run(config(tmp_path / "b", **changes, **{"run.stop_after": 1}), callbacks=[stopped])
+    assert result.step == 1
+    second, result = run(config(tmp_path / "b", **changes, **{"run.resume": True}), callbacks=[resumed])
+    assert result.step == 5
+    assert stopped.episodes + resumed.episodes == straight.episodes
+    assert stopped.weights + resumed.weights[1:] == straight.weights
+    for a, b in zip(whole.policy.model.parameters(), second.policy.model.parameters()):
+        assert torch.equal(a, b)
+    assert [m["rollout/staleness_max"] for m in stopped.metrics + resumed.metrics] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    resumed_seeds = {seed for seed, _, _ in CopyEngine.built[-1].agents}
+    assert {whole._seed("rollout", at=s) for s in (1, 2)}.isdisjoint(resumed_seeds)  # taken from the checkpoint
+
+
+def test_a_snapshot_sync_that_loads_nothing_is_caught_by_the_sync_check(tmp_path):
+    from agents.training.health import TrainingFailed
+
+    before = set(threading.enumerate())
+    # Syncs: 1 the initial weights (main thread); 2 the snapshot of v1 for step 3, on its rollout's thread.
+    with pytest.raises(TrainingFailed, match=r"^weight sync check: engine test-copy, sync 2: .*not serving the trained weights$"):
+        run(config(tmp_path, **{"rollout.max_staleness": 2, "run.steps": 4, "eval.questions": 0, "engine.break_sync": 2,
+                                "optim.learning_rate": 0.05, "rollout.sync_tolerance": 1e-3}))
+    engine = CopyEngine.built[-1]
+    assert engine.synced_versions == [None, 1] and engine.sync_threads == ["MainThread", "rollout-step-3"]
+    assert [t for t in threading.enumerate() if t not in before and t.name.startswith("rollout-step-")] == []
+
+
+def test_an_error_of_a_rollout_k_steps_ahead_stops_the_run_and_leaves_no_thread(tmp_path):
+    before = set(threading.enumerate())
+    # Agents: the start's evaluation (greedy, sampled), step 0, then steps 1 and 2 on background threads.
+    with pytest.raises(RuntimeError, match=r"^replica 0 \(http://127.0.0.1:1\) stopped answering$"):
+        run(config(tmp_path, **{"rollout.max_staleness": 2, "engine.fail_at_agent": 4}))
+    assert CopyEngine.built[-1].agents[4][2] == "rollout-step-2"
+    assert [t for t in threading.enumerate() if t not in before and t.name.startswith("rollout-step-")] == []
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_sleeping_engine_never_meets_a_rollout_ahead(tmp_path, k):
+    """The engine sleeps where its post-step hook runs: held back by the pipeline until nothing is in flight,
+    and woken (its weights reloaded) before the next launch or evaluation."""
+    trainer, result = run(config(tmp_path, **{"rollout.max_staleness": k, "engine.sleep": True}))
+    engine = CopyEngine.built[-1]
+    assert result.step == 4 and engine.sleeps > 0 and all(0 <= gap < 1e-5 for _, gap in trainer.sync_check.gaps)
+
+
+def test_k_2_needs_an_engine_that_syncs_from_a_snapshot(tmp_path):
+    from agents.training.build import build_trainer
+
+    class LiveOnly(CopyEngine):
+        def sync(self) -> None:
+            super().sync()
+
+    register_engine("test-live-only", LiveOnly, options=CopyEngineOptions)
+    with pytest.raises(ValueError, match=r"^rollout.max_staleness 2 needs an engine that syncs from a copy .*LiveOnly does not$"):
+        build_trainer(config(tmp_path, **{"rollout.engine": "test-live-only", "rollout.max_staleness": 2}))
 
 
 def trajectory(producers: list[int], trained: list[int]) -> Trajectory:
