@@ -238,7 +238,13 @@ class VLLMEngine:
 
     def own_precision(self) -> torch.autocast:
         """Within the block a caller's autocast is off for the engine's device: vLLM computes in its own
-        ``dtype``, also where the trainer rolls out within a bf16 backend's ``generation()`` (autocast)."""
+        ``dtype``, also where the trainer rolls out within a bf16 backend's ``generation()`` (autocast).
+
+        The calling thread's OpenMP threads are set to torch's count first: vLLM's CPU attention plans its
+        work for ``torch.get_num_threads()`` threads and fails unless its kernel runs with as many, and a
+        thread other than the main one (a rollout generated ahead, ``rollout.max_staleness``) starts with
+        OpenMP's default instead."""
+        torch.set_num_threads(torch.get_num_threads())
         return torch.autocast(self._device_type, enabled=False)
 
     # -- weights --------------------------------------------------------------------------------------

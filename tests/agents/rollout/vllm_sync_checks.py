@@ -1,13 +1,14 @@
 """Checked weight syncs with the in-process vLLM engine, run inside the vLLM virtualenv by
 ``test_vllm_sync_check.py``, which reads the JSON line this script prints last.
 
-    python tests/agents/rollout/vllm_sync_checks.py full|lora [...]
+    python tests/agents/rollout/vllm_sync_checks.py full|lora|async1|async2 [...]
 
 Each check trains the tiny model (``full``: all weights synced; ``lora``: LoRA adapters) with
 ``rollout.engine: vllm`` for up to four steps at a large learning rate; after step 2 the engine's syncs are
 broken on purpose (``full``: a sync that counts but loads nothing; ``lora``: the adapters of step 0 sent
 again), so the run must stop at the next sync with the check's one-line error. Reports the gaps of the
-syncs before, the error, and the time each check took.
+syncs before, the error, and the time each check took. ``async1`` and ``async2`` train with the next one or
+two steps generated ahead (:func:`check_async`).
 """
 from __future__ import annotations
 
@@ -79,7 +80,51 @@ def check(lora: bool) -> dict:
             "probe_tokens": sum(len(s) for s in trainer.sync_check.probe)}
 
 
-CHECKS = {"full": lambda: check(False), "lora": lambda: check(True)}
+def check_async(max_staleness: int, sleep: bool) -> dict:
+    """The tiny model trained K steps ahead (``rollout.max_staleness``) on the in-process engine for K + 2 steps
+    at a large learning rate: each step's staleness, every sync (its thread, and a snapshot's version), the
+    sync check's gaps and, with ``engine.sleep``, whether a rollout was in flight at each of its sleeps."""
+    import threading
+
+    from agents.training.build import build_trainer
+    from agents.training.callbacks import Callback
+    from tests.agents.training.tiny import small_config
+
+    changes = {"rollout.engine": "vllm", "engine.memory_fraction": MEMORY, "eval.questions": 0,
+               "run.steps": max_staleness + 2, "rollout.max_staleness": max_staleness, "optim.learning_rate": 0.05,
+               "env.max_context": 1024, "engine.sleep": sleep}
+    trainer = build_trainer(small_config("grpo", tempfile.mkdtemp(prefix="vllm-async-"), changes))
+    engine, syncs, staleness, sleeps = trainer.engine, [], [], []
+    sync, engine_sleep = engine.sync, engine.sleep
+
+    def recorded_sync(weights=None):
+        syncs.append((threading.current_thread().name, getattr(weights, "version", None)))
+        sync(weights)
+
+    def recorded_sleep():
+        sleeps.append(trainer.rollouts.in_flight)
+        engine_sleep()
+
+    engine.sync, engine.sleep = recorded_sync, recorded_sleep
+
+    class Staleness(Callback):
+        def on_update(self, trainer, metrics):
+            staleness.append(metrics["rollout/staleness_max"])
+
+    trainer.callbacks.append(Staleness())
+    started = time.perf_counter()
+    try:
+        result = trainer.train()
+    finally:
+        trainer.close_environments()
+    return {"steps_done": result.step, "staleness": staleness, "syncs": syncs, "gaps": trainer.sync_check.gaps,
+            "tolerance": trainer.sync_check.tolerance, "in_flight": trainer.rollouts.in_flight,
+            "sleeps_in_flight": sleeps,
+            "seconds": time.perf_counter() - started}
+
+
+CHECKS = {"full": lambda: check(False), "lora": lambda: check(True), "async1": lambda: check_async(1, True),
+          "async2": lambda: check_async(2, False)}
 
 if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("VLLM_CHECK_THREADS", "2")))
