@@ -289,15 +289,17 @@ class VLLMEngine:
         self.stale = False
 
     def _load_adapters(self, source: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
-        """Write the current adapters (``source``'s; default: the engine's weight source) in peft's format and add them under a new id (an id vLLM has seen is
-        served from its cache, whatever the folder holds now); then remove the previous adapters from the
-        engine and their folder, so one set is held at a time. The current folder stays until the next
-        sync: vLLM reads an adapter from its path again should it ever drop it from its cache."""
+        """Write the current adapters (``source``'s, by default the engine's weight source's) in peft's format
+        and add them under a new id (an id vLLM has seen is served from its cache, whatever the folder holds
+        now); then remove the previous adapters from the engine and their folder, so one set is held at a
+        time. The current folder stays until the next sync: vLLM reads an adapter from its path again
+        should it ever drop it from its cache."""
         from vllm.lora.request import LoRARequest
 
+        source = self._weights if source is None else source
         lora_id = next(self._lora_ids)
         folder = os.path.join(self._folder, f"adapter-{lora_id}")
-        self.policy.model.save_pretrained(folder, state_dict=dict((self._weights if source is None else source)(adapters=True)))
+        self.policy.model.save_pretrained(folder, state_dict=dict(source(adapters=True)))
         engine, previous = self.llm.llm_engine, self.lora_request
         if previous is not None:
             engine.remove_lora(previous.lora_int_id)

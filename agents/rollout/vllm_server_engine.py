@@ -311,13 +311,15 @@ class VLLMServerEngine:
         return [future.result() for future in futures]
 
     def _send_adapters(self, source: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
-        """Broadcast the adapters (``source``'s; default: the engine's weight source; peft's file names), have each worker write them on its machine, load them
-        on every server under a new name and unload the previous ones."""
+        """Broadcast the adapters (``source``'s, by default the engine's weight source's; peft's file names),
+        have each worker write them on its machine, load them on every server under a new name and unload the
+        previous ones."""
+        source = self._weights if source is None else source
         active = self.policy.model.active_adapter
         with tempfile.TemporaryDirectory() as folder:
             self.policy.model.peft_config[active].save_pretrained(folder)
             config = Path(folder, "adapter_config.json").read_text()
-        weights = ((name.replace(f".{active}.", "."), tensor) for name, tensor in (self._weights if source is None else source)(adapters=True))
+        weights = ((name.replace(f".{active}.", "."), tensor) for name, tensor in source(adapters=True))
         folders = self._broadcast("receive_adapters", [config], weights)
         self._adapter_ids += 1
         name, previous = f"policy-adapters-{self._adapter_ids}", self.model
