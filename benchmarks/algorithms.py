@@ -9,16 +9,17 @@ policy, with the same sample budget and seeds.
     python -m benchmarks.algorithms [--algorithms ...] [--seeds 0 1 2] [--output-dir runs/algorithms] [--set GROUP.FIELD=VALUE ...]
     python -m benchmarks.algorithms --quick      # a few minutes: a small world, a short warm start, one seed
     python -m benchmarks.algorithms --import my_module --algorithms grpo mine   # an algorithm of your own
-    python -m benchmarks.algorithms --ladder quick --jobs 2    # every rung, 3 seeds (benchmarks/common/ladder.py)
-    python -m benchmarks.algorithms --ladder full --rungs 2hop 3hop --jobs 2
+    python -m benchmarks.algorithms --ladder quick --jobs 2    # 3hop and noisy, 3 seeds (benchmarks/common/ladder.py)
+    python -m benchmarks.algorithms --ladder full --rungs 3hop --jobs 2    # 5 seeds, a warm start each
 
-**The ladder** (``--ladder quick|full``, ``--rungs`` to select): named rungs, each a change of the demo's
-task (1-hop only, 2-hop, up to 3 hops, one passage per search, a third of the queries finding nothing),
-all trained from the same warm start; the rungs, the two sizes and their budgets are in
+**The ladder** (``--ladder quick|full``, ``--rungs`` to select, ``--rungs all`` for every rung): named
+rungs, each a change of the demo's task (1-hop only, 2-hop, up to 3 hops, one passage per search, a third
+of the queries finding nothing), all trained from the same warm start; the rungs, the two sizes, their
+default rungs (quick: the two that separated algorithms; full: all) and their budgets are in
 :mod:`benchmarks.common.ladder`. Each rung writes the outputs below into its own sub-folder of
 ``--output-dir``; ``ladder.md``, ``ladder_auc.png`` and ``ladder.json`` there summarise across rungs (per
-rung and algorithm the interquartile mean of the area under the held-out EM curve and of the steps to EM
-0.5 and 0.8, with 95% intervals: :mod:`benchmarks.common.algorithm_report`). ``--jobs N`` runs N at a time,
+rung and algorithm the interquartile mean of the area under the held-out EM curve, of the steps and of the
+process CPU minutes to EM 0.5 and 0.8, with 95% intervals: :mod:`benchmarks.common.algorithm_report`). ``--jobs N`` runs N at a time,
 each in a spawned process with one torch thread (a rung's runs are split into N equal shares, each
 sharing one process and the rung's data, built once per share); the records are the same as with one job.
 
@@ -62,10 +63,10 @@ reward and other step metrics as means over the last ``--window`` steps, the fin
 area under the held-out EM curve (trapezoids over the evaluations, divided by their step span), the
 collapse steps, wall and CPU minutes of the run; the interquartile mean of the final held-out EM and of
 the area with stratified-bootstrap 95% intervals, after Agarwal et al. 2021
-(:mod:`benchmarks.common.rl_statistics`, ``--bootstrap-reps`` resamples, seed 0); each seed's step to
-held-out EM 0.5 and 0.8; and, with two seeds or more, a second table of the probability of improvement
-``P(X > Y)`` between every pair); ``runs.csv`` (the same per run, with the training episodes each
-threshold took); ``heldout_em_band.png``, the held-out EM curve's mean over seeds with the 95% bootstrap
+(:mod:`benchmarks.common.rl_statistics`, ``--bootstrap-reps`` resamples, seed 0); each seed's step and
+process CPU minutes to held-out EM 0.5 and 0.8; and, with two seeds or more, a second table of the probability of improvement
+``P(X > Y)`` between every pair); ``runs.csv`` (the same per run, with the training episodes and CPU
+minutes each threshold took); ``heldout_em_band.png``, the held-out EM curve's mean over seeds with the 95% bootstrap
 interval of that mean; ``heldout_em_profile.png``, the performance profiles of the final held-out EM (the
 fraction of seeds above each EM, with bootstrap bands); ``results.json`` (everything, with each run's
 curves and the machine). A run that finished (its record is in its folder,
@@ -348,7 +349,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ladder", choices=sorted(LADDERS), help="run the ladder of tasks (benchmarks/common/ladder.py) at "
                         "this size, each rung in its own sub-folder, with a summary across rungs")
     parser.add_argument("--rungs", nargs="+", metavar="RUNG",
-                        help=f"the ladder's rungs to run (default: all): {', '.join(r.name for r in RUNGS)}")
+                        help=f"the ladder's rungs to run: {', '.join(r.name for r in RUNGS)}, or all (default: the size's, "
+                        f"{'; '.join(f'{s.name}: ' + ' '.join(s.rungs) for s in LADDERS.values())})")
     parser.add_argument("--jobs", type=int, default=1, help="runs in this many processes at a time (spawned, one torch thread each)")
     parser.add_argument("--window", type=int, help="steps of the rolling mean of the collapse rule and of the final step "
                         "metrics (default: run.steps / 20, at least 3)")
@@ -387,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ImportError as exc:
                 raise ValueError(f"--import {module}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         variants = [_BY_NAME[name] if name in _BY_NAME else registered_variant(name) for name in dict.fromkeys(args.algorithms)]
-        rungs = select_rungs(args.rungs) if size else [Rung("", {}, "")]
+        rungs = select_rungs(args.rungs, size) if size else [Rung("", {}, "")]
         base = demo_config([*warm_sized, *args.set], recipe=args.config)  # the warm start's recipe: every rung's
         if base.warm_start.steps < 1:
             raise ValueError("the algorithms start from a shared warm start: warm_start.steps must be >= 1")

@@ -5,12 +5,11 @@ A rung changes the task reinforcement learning faces, never the policy it starts
 seed trains from the same warm start (the demo recipe's, on its 2-hop world, cached by
 :mod:`benchmarks.common.warm_start_cache`), so a rung's runs differ from another rung's by the task alone,
 and the warm start's minutes are paid once for the whole ladder: once per seed in the full ladder, once in
-all in the quick one, whose seeds share seed 0's warm start and differ in the RL seed alone (warm starts
-as short as the quick budget allows left the held-out EM at 0-0.2 in probes that, as found later, loaded
-the cached policy with the wrong tokenizer: ``benchmarks/RESULTS.md``; not measured again). A rung's changes are recipe
-changes (``GROUP.FIELD`` -> value, applied after the size's and before ``--set``) and, for retrieval noise,
-a probe that wraps every source of the rung's training and held-out worlds
-(:class:`search_env.ProbeSource`: the held-out EM is then measured under the same noise).
+all in the quick one, whose seeds share seed 0's warm start and differ in the RL seed alone (so its
+intervals say how RL varies from one warm start, the full ladder's how it varies with the warm start too).
+A rung's changes are recipe changes (``GROUP.FIELD`` -> value, applied after the size's and before
+``--set``) and, for retrieval noise, a probe that wraps every source of the rung's training and held-out
+worlds (:class:`search_env.ProbeSource`: the held-out EM is then measured under the same noise).
 
 ``multi-source`` (the ``reasoning-search`` protocol's NL-DAG plans over several named sources) is not a
 rung: the warm start's scripted demonstrations are written in the ``search-r1-compact`` dialect, so a
@@ -57,18 +56,21 @@ class Rung:
 RUNGS: tuple[Rung, ...] = (
     Rung("1hop", {"data.world_max_hops": 1},
          "single-lookup questions only: one search, copy the answer; the warm start answers every held-out 1-hop "
-         "question already (EM 1.00 on 2hop's), so the rung shows an algorithm that unlearns, not a speed"),
+         "question already (EM 1.00 on 2hop's), so the rung shows an algorithm that unlearns, not a speed (quick "
+         "ladder: every algorithm stays at 1.00; every group's rewards are equal, so the grouped ones do not move)"),
     Rung("2hop", {}, "the demo's task: 1- and 2-hop chain questions; the warm start answers 2-hop ones with the bridge "
          "entity, and RL must find the second search (quick ladder: grouped algorithms about two steps ahead of "
          "PPO and REINFORCE++, intervals touching)"),
     Rung("3hop", {"data.world_max_hops": 3},
          "1- to 3-hop chains: a third search the warm start never demonstrated, so rewards are sparser (quick "
-         "ladder: the grouped algorithms reach EM 0.5 six to nine steps before PPO and REINFORCE++, intervals apart)"),
+         "ladder: the grouped algorithms reach EM 0.5 six to nine steps before PPO and REINFORCE++, intervals apart; "
+         "so on the full ladder's five seeds)"),
     Rung("distractors", {"env.top_k": 1},
          "the 2-hop task with one passage per search instead of two: the query must rank the right passage "
          "first (the demo's recipe notes that one result trained worse than two)"),
     Rung("noisy", {}, "the 2-hop task where a third of the distinct queries find nothing (an empty probe source), "
-         "training and held-out alike: a run's reward depends on searching again or guessing",
+         "training and held-out alike: a run's reward depends on searching again or guessing (quick ladder: GiGPO "
+         "and REINFORCE++-baseline ahead of PPO and REINFORCE++ with intervals apart, the others between)",
          Probe("empty", 0.3)),
 )
 _BY_NAME = {r.name: r for r in RUNGS}
@@ -87,6 +89,7 @@ class LadderSize:
         warm_start_seed: every seed trains from the warm start of this seed (the RL seed still differs);
             ``None``: each seed from its own.
         budget: what the size costs, and how that was found (measured or estimated).
+        rungs: the rungs run when ``--rungs`` is not given (``--rungs all``: every rung), in the ladder's order.
     """
 
     name: str
@@ -95,6 +98,7 @@ class LadderSize:
     seeds: Sequence[int]
     warm_start_seed: int | None
     budget: str
+    rungs: Sequence[str]
 
 
 QUICK = LadderSize(
@@ -102,34 +106,41 @@ QUICK = LadderSize(
     {"run.steps": 30, "eval.every": 3, "eval.questions": 30, "rollout.questions_per_step": 8, "algorithm.group_size": 8,
      "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
-    "measured on the 2-core CPU shared with other jobs (load 1.2-3), --jobs 2: the demo's warm start once, 14.4 min "
-    "wall (8.0 min process CPU, load 5); 2hop's 27 runs 11.7 min, 3hop's 19.6 min (0.6-0.9 process CPU min per run "
-    "of a grouped algorithm, 1.1 for PPO); the five rungs estimated at about 1 h 20 min after the warm start, over "
-    "the 30-minute aim: a size that fits it (25 steps of 4 x 8) moved no algorithm's answers, measured before a "
-    "policy-loading fix and not again since (benchmarks/RESULTS.md)")
+    "measured on the 2-core CPU, --jobs 2, one rung per command: the demo's warm start once, 14.4 min wall (load 5); "
+    "then 3hop's 27 runs in 19.6 min (load 3) and noisy's in 15.1 min (load 1.4-1.9), about 35 min for the two "
+    "default rungs; the other rungs at this size: 1hop 7.4 min, 2hop 11.7 min (benchmarks/RESULTS.md). The default "
+    "rungs are the two on which the best and the worst algorithms' intervals were apart; 2hop, 1hop and distractors "
+    "run with --rungs (all: every rung)",
+    ("3hop", "noisy"))
 
 FULL = LadderSize(
     "full",
-    {"data.world_size": 20000, "run.steps": 60, "eval.every": 5, "eval.questions": 100, "rollout.env_worker": False},
+    {"run.steps": 40, "eval.every": 2, "eval.questions": 30, "rollout.questions_per_step": 8, "algorithm.group_size": 8,
+     "rollout.env_worker": False},
     {}, (0, 1, 2, 3, 4), None,
-    "estimated from the quick ladder, not measured: five warm starts of 14-15 min each, two at a time (about 45 min); "
-    "a run twice as long with three times the held-out questions costs about 2.5 times a quick one, so a rung's 45 "
-    "runs take about 1 h 40 min in two jobs, and the five rungs about 9 h")
+    "the quick size's runs with five seeds, each from a warm start of its own, ten steps longer and evaluated "
+    "every 2 steps (steps to a threshold to the nearest 2); measured on 3hop, --jobs 2, on the 2-core CPU (load 2-4): "
+    "four warm starts made two at a time in about 27 min, then its 45 runs in 38 min (61 process CPU min); the five "
+    "rungs estimated from it at about 3.5 h with the warm starts (benchmarks/RESULTS.md)",
+    tuple(r.name for r in RUNGS))
 
 LADDERS: dict[str, LadderSize] = {s.name: s for s in (QUICK, FULL)}
 
 
-def select_rungs(names: Sequence[str] | None) -> list[Rung]:
-    """The rungs named (in the ladder's order, each once), or every rung for ``None``.
+def select_rungs(names: Sequence[str] | None, size: LadderSize | None = None) -> list[Rung]:
+    """The rungs named (in the ladder's order, each once; ``all``: every rung); for ``None``, ``size``'s
+    default rungs, or every rung without a size.
 
     Raises:
         ValueError: a name that is no rung (one line, with the rungs there are).
     """
     if names is None:
+        names = size.rungs if size is not None else ["all"]
+    if "all" in names:
         return list(RUNGS)
     unknown = [n for n in names if n not in _BY_NAME]
     if unknown:
-        raise ValueError(f"--rungs {' '.join(unknown)}: no such rung; known: {', '.join(_BY_NAME)}")
+        raise ValueError(f"--rungs {' '.join(unknown)}: no such rung; known: {', '.join(_BY_NAME)} (or all)")
     return [r for r in RUNGS if r.name in names]
 
 

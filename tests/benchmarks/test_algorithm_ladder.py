@@ -41,11 +41,14 @@ def test_every_rung_of_both_sizes_builds_runs_the_trainer_accepts_with_the_rungs
 def test_rungs_are_selected_in_the_ladders_order_and_an_unknown_one_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     skip_without(*AGENTS_EXTRA)
     from benchmarks.algorithms import main
-    from benchmarks.common.ladder import RUNGS, select_rungs
+    from benchmarks.common.ladder import FULL, QUICK, RUNGS, select_rungs
 
     assert [r.name for r in select_rungs(["noisy", "1hop", "noisy"])] == ["1hop", "noisy"]
-    assert select_rungs(None) == list(RUNGS)
-    for argv, message in ((["--ladder", "quick", "--rungs", "2hop", "5hop"], "--rungs 5hop: no such rung; known: 1hop, 2hop"),
+    assert select_rungs(None) == select_rungs(["all"]) == select_rungs(["all"], QUICK) == list(RUNGS)
+    # a size's default rungs, in the ladder's order whatever the order they are listed in
+    assert [r.name for r in select_rungs(None, QUICK)] == [r.name for r in RUNGS if r.name in QUICK.rungs]
+    assert select_rungs(None, FULL) == list(RUNGS)
+    for argv, message in ((["--ladder", "quick", "--rungs", "2hop", "5hop"], "--rungs 5hop: no such rung; known: 1hop, 2hop, 3hop, distractors, noisy (or all)"),
                           (["--rungs", "2hop"], "--rungs selects rungs of --ladder quick|full"),
                           (["--ladder", "quick", "--quick"], "--quick and --ladder are two sizes"),
                           (["--ladder", "huge"], "invalid choice: 'huge'"),
