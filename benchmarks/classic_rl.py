@@ -15,7 +15,7 @@ played once per evaluation, so an evaluation is a mean over ``--eval-questions``
 
 Prints a table (medians over the seeds) and writes ``classic_rl.md`` (the table), ``classic_rl.csv`` (every
 evaluation), ``classic_rl.json`` (the settings and every evaluation) and ``classic_rl.png`` (held-out reward
-against timesteps) into ``--output-dir`` (before 2026-11-26: ``table.md``, ``curve.csv`` and ``curve.png``).
+against timesteps) into ``--output-dir``.
 ``--quick`` runs about a minute on two CPU cores. Measured results are in ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
