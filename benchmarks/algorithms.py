@@ -351,7 +351,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rungs", nargs="+", metavar="RUNG",
                         help=f"the ladder's rungs to run: {', '.join(r.name for r in RUNGS)}, or all (default: the size's, "
                         f"{'; '.join(f'{s.name}: ' + ' '.join(s.rungs) for s in LADDERS.values())})")
-    parser.add_argument("--jobs", type=int, default=1, help="runs in this many processes at a time (spawned, one torch thread each)")
+    parser.add_argument("--jobs", type=int, help="runs in this many processes at a time (spawned, one torch thread each; "
+                        "default: the cores other work leaves free when the command starts, 1 where unknown)")
     parser.add_argument("--window", type=int, help="steps of the rolling mean of the collapse rule and of the final step "
                         "metrics (default: run.steps / 20, at least 3)")
     parser.add_argument("--policy-cache", type=Path, default=DEFAULT_CACHE,
@@ -376,7 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--seeds repeats a seed: {' '.join(map(str, seeds))}")
     if args.bootstrap_reps < 1:
         parser.error(f"--bootstrap-reps must be >= 1, got {args.bootstrap_reps}")
-    if args.jobs < 1:
+    if args.jobs is None:
+        from agents.training.cpu_threads import free_cpu_cores
+
+        args.jobs = free_cpu_cores() or 1
+    elif args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     sized = [f"{k}={v}" for k, v in (size.changes if size else QUICK if args.quick else {}).items()]
     warm_sized = [f"{k}={v}" for k, v in (size.warm_start_changes if size else QUICK if args.quick else {}).items()]
@@ -396,8 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every run's config is built (and checked) before anything trains; its policy folder is set once
         # the seed's warm start exists
         planned: dict[str, list[tuple[Variant, int, TrainConfig]]] = {}
+        changes = {rung.name: {**rung.changes, **(size.rung_changes.get(rung.name, {}) if size else {})} for rung in rungs}
         for rung in rungs:
-            config = demo_config([*sized, *(f"{k}={v}" for k, v in rung.changes.items()), *args.set], recipe=args.config)
+            config = demo_config([*sized, *(f"{k}={v}" for k, v in changes[rung.name].items()), *args.set], recipe=args.config)
             if config.eval.questions < 1:
                 raise ValueError("held-out EM needs held-out questions: eval.questions must be >= 1")
             folder = out / rung.name / "runs"
@@ -406,9 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   for seed in seeds for v in variants]
     except ValueError as exc:
         parser.error(str(exc))
-    window = args.window if args.window is not None else max(3, planned[rungs[0].name][0][2].run.steps // 20)
-    if window < 1:
-        parser.error(f"--window must be >= 1, got {window}")
+    if args.window is not None and args.window < 1:
+        parser.error(f"--window must be >= 1, got {args.window}")
+    windows = {name: args.window if args.window is not None else max(3, runs[0][2].run.steps // 20) for name, runs in planned.items()}
     from search_env.console import progress_enabled
 
     if not progress_enabled(base.run.progress):
@@ -436,24 +442,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [(v.name, seed, c.updated({"model.name": str(warm_starts[seed].policy_dir)})) for v, seed, c in planned[rung.name]]
         share = -(-len(runs) // args.jobs)
         groups = [runs[i:i + share] for i in range(0, len(runs), share)]
-        tasks += [Task(rung.name, tuple((name, c) for name, _, c in group), rung.probe, window, tuple(args.imports)) for group in groups]
+        tasks += [Task(rung.name, tuple((name, c) for name, _, c in group), rung.probe, windows[rung.name], tuple(args.imports))
+                  for group in groups]
     done = _in_jobs(_task_job, [(t,) for t in tasks], min(args.jobs, len(tasks)))
     records_by_rung: dict[str, list[RunRecord]] = {}
     for task, records in zip(tasks, done):
         records_by_rung.setdefault(task.rung, []).extend(records)
     common = {"recipe": str(args.config), "quick": args.quick, "ladder": args.ladder, "set": args.set, "seeds": seeds,
-              "window": window, "jobs": args.jobs, "collapse_fractions": COLLAPSE_FRACTIONS, "machine": machine,
+              "jobs": args.jobs, "collapse_fractions": COLLAPSE_FRACTIONS, "machine": machine,
               "warm_starts": {str(seed): {**asdict(w), "policy_dir": str(w.policy_dir)} for seed, w in warm_starts.items()}}
     for rung in rungs:
         rung_out = out / rung.name
         first = planned[rung.name][0][2]
-        results = {**common, "rung": {"name": rung.name, "changes": dict(rung.changes), "why": rung.why,
+        results = {**common, "window": windows[rung.name], "rung": {"name": rung.name, "changes": changes[rung.name], "why": rung.why,
                                       "probe": asdict(rung.probe) if rung.probe else None},
                    "config": first.as_dict(), "minutes": (time.perf_counter() - started) / 60,
                    "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
                                          "algorithm": next(asdict(c.algorithm) for vv, _, c in planned[rung.name] if vv is v)}
                                 for v in variants}}
-        table = write_report(records_by_rung[rung.name], window, args.bootstrap_reps, rung_out, results, title=rung.name)
+        table = write_report(records_by_rung[rung.name], windows[rung.name], args.bootstrap_reps, rung_out, results, title=rung.name)
         print(f"\n{rung.name or 'table'}:\n{table}\n(tables, plots and results.json in {rung_out})", flush=True)
     if size is not None:
         rows = ladder_summary(records_by_rung, reps=args.bootstrap_reps)

@@ -18,7 +18,7 @@ budget does not hold; it was not tried.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
@@ -90,6 +90,9 @@ class LadderSize:
             ``None``: each seed from its own.
         budget: what the size costs, and how that was found (measured or estimated).
         rungs: the rungs run when ``--rungs`` is not given (``--rungs all``: every rung), in the ladder's order.
+        rung_changes: per rung, recipe changes of its runs at this size (after the rung's own, before
+            ``--set``): a rung whose algorithms had separated well before the size's last step runs
+            only as long as measurement showed it needs.
     """
 
     name: str
@@ -99,6 +102,7 @@ class LadderSize:
     warm_start_seed: int | None
     budget: str
     rungs: Sequence[str]
+    rung_changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 QUICK = LadderSize(
@@ -111,7 +115,8 @@ QUICK = LadderSize(
     "default rungs; the other rungs at this size: 1hop 7.4 min, 2hop 11.7 min (benchmarks/RESULTS.md). The default "
     "rungs are the two on which the best and the worst algorithms' intervals were apart; 2hop, 1hop and distractors "
     "run with --rungs (all: every rung)",
-    ("3hop", "noisy"))
+    ("3hop", "noisy"),
+    {"3hop": {"run.steps": 21}, "noisy": {"run.steps": 27}})
 
 FULL = LadderSize(
     "full",

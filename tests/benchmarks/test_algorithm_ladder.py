@@ -151,15 +151,28 @@ def test_the_ladder_summary_counts_seeds_that_never_reach_a_threshold_as_censore
 # --- the command ------------------------------------------------------------------------------------
 
 
-def test_a_tiny_ladder_writes_a_folder_per_rung_and_a_summary_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tiny_ladder_writes_a_folder_per_rung_and_a_summary_and_resumes(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     skip_without(*AGENTS_EXTRA)
+    import agents.training.cpu_threads
     from benchmarks.algorithms import main
 
+    # without --jobs, the command runs as many jobs as the cores other work leaves free: one, then two
+    free = [1]
+    monkeypatch.setattr(agents.training.cpu_threads, "free_cpu_cores", lambda own_threads=1: free[0])
+    # a size's changes of one rung come after the rung's own and before --set
+    import dataclasses
+
+    import benchmarks.algorithms
+    from benchmarks.common.ladder import QUICK
+
+    sized = dataclasses.replace(QUICK, rung_changes={"1hop": {"env.top_k": 1}, "noisy": {"run.steps": 9}})
+    monkeypatch.setattr(benchmarks.algorithms, "LADDERS", {"quick": sized})
     out = tmp_path / "out"
     argv = ["--ladder", "quick", "--rungs", "noisy", "1hop", "--algorithms", "grpo", "--seeds", "0", "1", "--bootstrap-reps", "50",
             "--policy-cache", str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     # the quick ladder's seeds share seed 0's warm start (and every rung does)
     assert printed.startswith("4 runs (2 tasks x 2 seeds x 1 algorithms) after 1 warm start of 2 steps (seed 0, shared by every seed), "
                               "in 1 job")
@@ -174,16 +187,20 @@ def test_a_tiny_ladder_writes_a_folder_per_rung_and_a_summary_and_resumes(tmp_pa
         assert all(Path(r["output_dir"]).parent.parent.parent == out / rung for r in results["runs"])
         assert results["warm_starts"]["0"] == results["warm_starts"]["1"]
         assert set(results["heldout_em_band"]) == {"grpo"}
-    one_hop = json.loads((out / "1hop" / "results.json").read_text())
+    one_hop, noisy = (json.loads((out / rung / "results.json").read_text()) for rung in ("1hop", "noisy"))
     assert one_hop["config"]["data"]["world_max_hops"] == 1 and one_hop["rung"]["probe"] is None
-    assert json.loads((out / "noisy" / "results.json").read_text())["rung"]["probe"] == {"kind": "empty", "share": 0.3}
+    assert noisy["rung"]["probe"] == {"kind": "empty", "share": 0.3}
+    assert one_hop["config"]["env"]["top_k"] == 1 and noisy["config"]["env"]["top_k"] == 2
+    assert one_hop["rung"]["changes"] == {"data.world_max_hops": 1, "env.top_k": 1} and noisy["rung"]["changes"] == {"run.steps": 9}
+    assert noisy["config"]["run"]["steps"] == 2  # --set wins
     ladder = json.loads((out / "ladder.json").read_text())
     assert [(r["rung"], r["algorithm"], r["seeds"]) for r in ladder["summary"]] == [("1hop", "grpo", 2), ("noisy", "grpo", 2)]
     assert (out / "ladder_auc.png").read_bytes()[:8] == PNG and "| noisy | grpo | 2 |" in (out / "ladder.md").read_text()
-    # again: every run is taken from its folder
+    # again, with two cores free (two spawned jobs): every run is taken from its folder
+    free[0] = 2
     assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("finished already") == 4 and "starts," not in printed and printed.count("reused from the cache") == 1
+    printed = capfd.readouterr().out
+    assert "in 2 jobs ->" in printed.splitlines()[0] and printed.count("finished already") == 4 and "starts," not in printed and printed.count("reused from the cache") == 1
 
 
 @pytest.mark.slow

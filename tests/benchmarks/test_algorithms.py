@@ -162,7 +162,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
 
     monkeypatch.setattr(search_env.synthetic, "generate_world", counted)
     out = tmp_path / "out"
-    assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--policy-cache",
+    assert main(["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--window", "2", "--jobs", "1", "--policy-cache",
                  str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
     printed = capsys.readouterr().out
     assert "reinforce++ seed 0: starts, 4 questions x 1 per step, 2 steps" in printed
@@ -203,7 +203,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
 
     # the same command again takes the finished runs from their folders: nothing is built or trained
     table_before, worlds[:] = (out / "table.md").read_text(), []
-    argv = ["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--policy-cache", str(tmp_path / "cache"),
+    argv = ["--quick", "--algorithms", "grpo", "reinforce++", "--seeds", "0", "--jobs", "1", "--policy-cache", str(tmp_path / "cache"),
             "--output-dir", str(out), "--set", *TINY]
     assert main([*argv, "--window", "2"]) == 0
     assert capsys.readouterr().out.count("finished already") == 2 and worlds == []
@@ -227,7 +227,7 @@ def test_an_algorithm_a_user_registers_runs_through_the_benchmark(tmp_path: Path
     assert exit_info.value.code == 2 and "--import tests.benchmarks.no_such_module" in capsys.readouterr().err
 
     out = tmp_path / "out"
-    assert main(["--quick", "--import", "tests.benchmarks.tiny_algorithm", "--algorithms", "tiny-pg", "--seeds", "0", "1",
+    assert main(["--quick", "--import", "tests.benchmarks.tiny_algorithm", "--algorithms", "tiny-pg", "--seeds", "0", "1", "--jobs", "1",
                  "--bootstrap-reps", "50", "--policy-cache", str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]) == 0
     printed = capsys.readouterr().out
     # a registered algorithm samples group_size answers per question: 2 questions x 2 answers
