@@ -143,16 +143,19 @@ def _ci(interval: Mapping[str, float] | None, digits: int) -> str:
 
 
 def format_ladder_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """:func:`ladder_summary` as a markdown table; a steps cell says how many seeds reached the threshold
-    (the others counted as censored)."""
+    """:func:`ladder_summary` as a markdown table; a steps or CPU-minutes cell says how many seeds reached the
+    threshold (the others counted as censored: a run's whole length)."""
     header = ["rung", "algorithm", "seeds", "EM area IQM [95% CI]",
               *(f"steps to EM {t:g} IQM [95% CI] (seeds reaching)" for t in THRESHOLDS),
-              *(f"CPU min to EM {t:g} IQM [95% CI]" for t in THRESHOLDS)]
+              *(f"CPU min to EM {t:g} IQM [95% CI] (seeds reaching)" for t in THRESHOLDS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
+        def reached(t: float) -> str:
+            return f" ({row[f'reached_{t:g}']}/{row['seeds']})"
+
         cells = [row["rung"], row["algorithm"], str(row["seeds"]), _ci(row["auc"], 3),
-                 *(f"{_ci(row[f'steps_to_{t:g}'], 1)} ({row[f'reached_{t:g}']}/{row['seeds']})" for t in THRESHOLDS),
-                 *(_ci(row[f"cpu_minutes_to_{t:g}"], 2) for t in THRESHOLDS)]
+                 *(_ci(row[f"steps_to_{t:g}"], 1) + reached(t) for t in THRESHOLDS),
+                 *(_ci(row[f"cpu_minutes_to_{t:g}"], 2) + (reached(t) if row[f"cpu_minutes_to_{t:g}"] else "") for t in THRESHOLDS)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -145,6 +145,8 @@ def test_the_ladder_summary_counts_seeds_that_never_reach_a_threshold_as_censore
     assert by[("2hop", "slow")]["reached_0.5"] == 0 and by[("2hop", "slow")]["steps_to_0.5"]["value"] == 11.0
     table = format_ladder_table(rows)
     assert "| 2hop | fast | 4 | 0.51" in table and "(3/4) |" in table and table.count("\n") == len(rows) + 1
+    # the CPU minutes say how many seeds reached the threshold, as the steps do; a record without CPU times has none
+    assert "| 1.00 [1.00, 1.00] (3/4) |" in table and table.splitlines()[-1].endswith("| - | - |")
     assert plot_ladder_summary(rows, tmp_path / "ladder.png").read_bytes()[:8] == PNG
 
 
