@@ -9,8 +9,8 @@ policy, with the same sample budget and seeds.
     python -m benchmarks.algorithms [--algorithms ...] [--seeds 0 1 2] [--output-dir runs/algorithms] [--set GROUP.FIELD=VALUE ...]
     python -m benchmarks.algorithms --quick      # a few minutes: a small world, a short warm start, one seed
     python -m benchmarks.algorithms --import my_module --algorithms grpo mine   # an algorithm of your own
-    python -m benchmarks.algorithms --ladder quick --jobs 2    # 3hop and noisy, 3 seeds (benchmarks/common/ladder.py)
-    python -m benchmarks.algorithms --ladder full --rungs 3hop --jobs 2    # 5 seeds, a warm start each
+    python -m benchmarks.algorithms --ladder quick    # 3hop and noisy, 3 seeds, about 30 min (benchmarks/common/ladder.py)
+    python -m benchmarks.algorithms --ladder full --rungs 3hop    # 5 seeds, a warm start each
 
 **The ladder** (``--ladder quick|full``, ``--rungs`` to select, ``--rungs all`` for every rung): named
 rungs, each a change of the demo's task (1-hop only, 2-hop, up to 3 hops, one passage per search, a third
@@ -19,7 +19,8 @@ default rungs (quick: the two that separated algorithms; full: all) and their bu
 :mod:`benchmarks.common.ladder`. Each rung writes the outputs below into its own sub-folder of
 ``--output-dir``; ``ladder.md``, ``ladder_auc.png`` and ``ladder.json`` there summarise across rungs (per
 rung and algorithm the interquartile mean of the area under the held-out EM curve, of the steps and of the
-process CPU minutes to EM 0.5 and 0.8, with 95% intervals: :mod:`benchmarks.common.algorithm_report`). ``--jobs N`` runs N at a time,
+process CPU minutes to EM 0.5 and 0.8, with 95% intervals: :mod:`benchmarks.common.algorithm_report`). ``--jobs N`` runs N at a time
+(by default as many as the cores other work leaves free when the command starts),
 each in a spawned process with one torch thread (a rung's runs are split into N equal shares, each
 sharing one process and the rung's data, built once per share); the records are the same as with one job.
 

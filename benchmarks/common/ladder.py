@@ -110,11 +110,12 @@ QUICK = LadderSize(
     {"run.steps": 30, "eval.every": 3, "eval.questions": 30, "rollout.questions_per_step": 8, "algorithm.group_size": 8,
      "rollout.env_worker": False},
     {}, (0, 1, 2), 0,
-    "measured on the 2-core CPU, --jobs 2, one rung per command: the demo's warm start once, 14.4 min wall (load 5); "
-    "then 3hop's 27 runs in 19.6 min (load 3) and noisy's in 15.1 min (load 1.4-1.9), about 35 min for the two "
-    "default rungs; the other rungs at this size: 1hop 7.4 min, 2hop 11.7 min (benchmarks/RESULTS.md). The default "
-    "rungs are the two on which the best and the worst algorithms' intervals were apart; 2hop, 1hop and distractors "
-    "run with --rungs (all: every rung)",
+    "measured on the idle 2-core CPU as one command from an empty cache (two jobs, the cores free): 27.3 min wall, "
+    "the demo's warm start 6.1 of them, then 3hop's 27 runs of 21 steps and noisy's 27 runs of 27 steps "
+    "(benchmarks/RESULTS.md). The default rungs are the two on which the best and the worst algorithms' "
+    "intervals were apart at 30 steps; they run shorter because those intervals were apart by then (3hop's "
+    "by step 21, noisy's by step 27: the same runs cut there, and then measured so). 2hop, 1hop and distractors "
+    "run 30 steps with --rungs (all: every rung): 11.7, 7.4 and 11.5 min each beside other work",
     ("3hop", "noisy"),
     {"3hop": {"run.steps": 21}, "noisy": {"run.steps": 27}})
 
