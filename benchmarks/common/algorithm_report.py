@@ -155,7 +155,7 @@ def format_ladder_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
         cells = [row["rung"], row["algorithm"], str(row["seeds"]), _ci(row["auc"], 3),
                  *(_ci(row[f"steps_to_{t:g}"], 1) + reached(t) for t in THRESHOLDS),
-                 *(_ci(row[f"cpu_minutes_to_{t:g}"], 2) + (reached(t) if row[f"cpu_minutes_to_{t:g}"] else "") for t in THRESHOLDS)]
+                 *(_ci(row[f"cpu_minutes_to_{t:g}"], 2) + (reached(t) if row[f"cpu_minutes_to_{t:g}"] is not None else "") for t in THRESHOLDS)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, skip_without
+from tests.conftest import MACHINE_KEYS, REPO_ROOT, skip_without
 
 skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "matplotlib")
 from agents.learners import GRPOConfig, PPOConfig  # noqa: E402
@@ -226,11 +226,6 @@ def test_a_warm_start_on_real_format_data_without_decompositions(tmp_path, capsy
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     warm = [r for r in metrics if "warm_start/steps" in r]
     assert warm and warm[0]["warm_start/steps"] == 2 and warm[0]["warm_start/demo_reward"] == 1.0
-
-
-#: Keys of a log record that measure the machine (time, and the threads the warm start found free); everything
-#: else a run logs is a result of its steps.
-MACHINE_KEYS = ("time/", "tokens_per_s", "warm_start/seconds", "warm_start/trained_tokens_per_s", "warm_start/threads")
 
 
 @pytest.mark.slow  # two short runs of the demo recipe (its world built twice), one beside two busy processes
