@@ -113,7 +113,7 @@ def test_overwrite_leaves_the_new_run_only_even_when_it_dies_early(tmp_path, mon
     with pytest.raises(RuntimeError, match="dies at its first step"):
         run(small_config("grpo", folder, {**BASE, "run.steps": 3, "run.overwrite": True}))
     left = sorted(p.name for p in folder.iterdir())
-    assert left == ["config.json", "metrics.jsonl", "run.lock"], left  # nothing of the old run
+    assert left == ["config.json", "metrics.jsonl"], left  # nothing of the old run, and no lock of the dead one
     assert json.loads((folder / "config.json").read_text())["run"]["steps"] == 3
     assert (folder / "metrics.jsonl").read_text() == ""
 
@@ -147,8 +147,34 @@ def test_a_second_run_in_a_folder_in_use_is_one_error_line(tmp_path, capsys):
     # The lock went with its holder (killed, nothing released it): the folder is free, the file it left locks nothing.
     assert main(tiny_argv(folder, "--run.steps", "1", "--eval.questions", "0", "--model.tiny_layers", "1",
                           "--model.tiny_hidden", "32", "--model.tiny_heads", "2")) == 0
+    assert not (folder / "run.lock").exists()  # the finished run removed its lock file as it let go
     with lock_run_folder(folder):  # and the finished run let go of it
-        pass
+        assert (folder / "run.lock").read_text() == f"{os.getpid()}\n"
+    assert not (folder / "run.lock").exists()
+
+
+def test_a_lock_file_removed_by_its_holder_after_it_was_opened_is_locked_anew(tmp_path, monkeypatch):
+    import agents.training.run_lock as run_lock
+
+    opened, real_open = [], os.open
+
+    def open_then_holder_lets_go(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if Path(path).name == "run.lock":
+            if not opened:  # the holder removes the file between this open and the flock
+                os.unlink(path)
+            opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(run_lock.os, "open", open_then_holder_lets_go)
+    lock = lock_run_folder(tmp_path)
+    monkeypatch.undo()
+    with lock:
+        assert len(opened) == 2 and (tmp_path / "run.lock").read_text() == f"{os.getpid()}\n"
+        code = "import sys; from agents.training.run_lock import lock_run_folder; lock_run_folder(sys.argv[1])"
+        busy = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        assert busy.returncode != 0 and f"process {os.getpid()} holds" in busy.stderr  # the file at the path is locked
 
 
 def test_the_lock_is_re_entrant_within_a_process_and_let_go_by_the_last_holder(tmp_path):
