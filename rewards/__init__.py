@@ -6,6 +6,7 @@ the project, so a trainer or an evaluation script can use it alone.
 """
 from .metrics import cover_exact_match, exact_match, f1_score, normalize_r1, normalize_squad
 from .presets import BUILTIN_PRESETS, BUILTIN_RANGES, EVIDENCE_PROMPT
+from .name_registry import Registry
 from .registry import UnknownNameError, UnknownPresetError, available, register, score, value_range
 from .result import RewardResult
 from .schedule import ComponentMix, LinearSchedule, Preset, RewardMix, StagedReward, StepReward
@@ -33,6 +34,7 @@ __all__ = [
     "available",
     "value_range",
     "UnknownNameError",
+    "Registry",
     "UnknownPresetError",
     "EVIDENCE_PROMPT",
     "exact_match",

@@ -1,38 +1,18 @@
 """The preset registry and ``score``, the one entry point the environment and trainers call."""
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Callable, Iterable
 
 from .metrics import as_gold_list
+from .name_registry import Registry, UnknownNameError
 from .result import RewardResult
 
 __all__ = ["UnknownNameError", "UnknownPresetError", "register", "available", "get", "value_range", "score"]
 
 PresetFn = Callable[..., "RewardResult | float"]
-_PRESETS: dict[str, PresetFn] = {}
+_PRESETS: Registry[PresetFn] = Registry("reward preset")
 _RANGES: dict[str, tuple[float, float]] = {}
-
-
-class UnknownNameError(LookupError, ValueError):
-    """A registry holds nothing of that name: both a failed lookup and a bad argument.
-
-    Every registry of the project raises it (reward presets here, protocols in ``search_env``), with
-    one message shape: ``unknown <kind> 'x'; known: a, b, c``, followed by ``did you mean 'y'?`` when
-    a known name is a near miss. ``kind``, ``name`` and ``known`` keep the parts.
-    """
-
-    def __init__(self, kind: str, name: object, known: Iterable[str]) -> None:
-        self.kind, self.name, self.known = kind, name, sorted(known)
-        message = f"unknown {kind} {name!r}; known: {', '.join(self.known)}"
-        close = difflib.get_close_matches(name, self.known, n=1) if isinstance(name, str) else []
-        if close:
-            message += f"; did you mean {close[0]!r}?"
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt from its parts (an environment worker pickles errors)
-        return type(self), (self.kind, self.name, self.known)
 
 
 #: The name this error had when only the preset registry raised it.
@@ -44,7 +24,7 @@ def register(name: str, fn: PresetFn, *, replace: bool = False, value_range: tup
 
     ``fn(response, golden_answers, *, question, ended_with_eos, evidence_model, judge, **options)``
     returns a :class:`RewardResult` or a plain number (wrapped with no components). Registering a
-    taken name raises ``ValueError`` unless ``replace=True``, so two plugins cannot silently clash.
+    name taken by another function raises ``ValueError`` unless ``replace=True``, so two plugins cannot silently clash.
     ``value_range`` is the (lowest, highest) total at the preset's default options, so that tables
     can say what a score is out of (R-Search's reward reaches 2.4, most others 1).
     """
@@ -52,13 +32,11 @@ def register(name: str, fn: PresetFn, *, replace: bool = False, value_range: tup
         raise ValueError(f"preset name must be a non-empty str, got {name!r}")
     if not callable(fn):
         raise TypeError(f"preset {name!r} must be callable, got {type(fn).__name__}")
-    if name in _PRESETS and not replace:
-        raise ValueError(f"reward preset {name!r} already exists; pass replace=True to replace it")
     if value_range is not None:
         low, high = (float(v) for v in value_range)
         if not (math.isfinite(low) and math.isfinite(high) and low <= high):
             raise ValueError(f"preset {name!r}: value_range must be finite (low, high) with low <= high, got {value_range!r}")
-    _PRESETS[name] = fn
+    _PRESETS.add(name, fn, replace=replace)
     if value_range is None:
         _RANGES.pop(name, None)
     else:
@@ -72,10 +50,7 @@ def available() -> list[str]:
 
 def get(name: str) -> PresetFn:
     """The preset function registered as ``name``; :class:`UnknownNameError` lists the known names."""
-    try:
-        return _PRESETS[name]
-    except KeyError:
-        raise UnknownNameError("reward preset", name, _PRESETS) from None
+    return _PRESETS.lookup(name)
 
 
 def value_range(name: str) -> tuple[float, float] | None:

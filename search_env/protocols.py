@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from rewards.registry import UnknownNameError
+from rewards.name_registry import Registry
 
 from search_env.sources.base import Passage
 
@@ -394,25 +394,25 @@ SEARCH_R1_COMPACT = SEARCH_R1.with_options(
 ...)`` prefixes, for a small model trained from scratch (the embedded demo): it gets nothing from
 instruction text, and every token of context costs it compute, so an episode is about half as long."""
 
-_REGISTRY: dict[str, Dialect] = {p.name: p for p in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH)}
+_REGISTRY: Registry[Dialect] = Registry("protocol")
+for _seed in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH):
+    _REGISTRY.add(_seed.name, _seed)
+del _seed
 
 SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
 """The five seed systems' protocols (registered at import; :func:`available_protocols` also lists the
 derived dialects and any protocol registered since, e.g. by a plug-in)."""
 
-_REGISTRY[SEARCH_R1_COMPACT.name] = SEARCH_R1_COMPACT
+_REGISTRY.add(SEARCH_R1_COMPACT.name, SEARCH_R1_COMPACT)
 
 
 def register_protocol(protocol: Dialect, *, replace: bool = False) -> Dialect:
     """Make ``protocol`` available by name to ``gym.make("SearchQA-v0", protocol=name)``.
 
-    Registering a taken name raises ``ValueError`` unless ``replace=True`` (the keyword every registry
-    of the project uses), so two plug-ins cannot silently clash.
+    Registering a name taken by another dialect raises ``ValueError`` unless ``replace=True`` (the keyword
+    every registry of the project uses), so two plug-ins cannot silently clash.
     """
-    if protocol.name in _REGISTRY and not replace:
-        raise ValueError(f"protocol {protocol.name!r} already exists; pass replace=True to replace it")
-    _REGISTRY[protocol.name] = protocol
-    return protocol
+    return _REGISTRY.add(protocol.name, protocol, replace=replace)
 
 
 def get_protocol(protocol: str | Dialect) -> Dialect:
@@ -420,13 +420,10 @@ def get_protocol(protocol: str | Dialect) -> Dialect:
     :class:`~rewards.UnknownNameError` lists the known names."""
     if isinstance(protocol, Dialect):
         return protocol
-    try:
-        return _REGISTRY[protocol]
-    except KeyError:
-        raise UnknownNameError("protocol", protocol, _REGISTRY) from None
+    return _REGISTRY.lookup(protocol)
 
 
 def available_protocols() -> list[str]:
     """Names of every registered protocol."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 

@@ -60,7 +60,7 @@ def test_every_python_example_shows_what_it_prints():
 def test_readme_example_runs_alone_and_prints_what_the_readme_says(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
     import search_env.protocols as protocols
 
-    monkeypatch.setattr(protocols, "_REGISTRY", dict(protocols._REGISTRY))  # forget what the example registers
+    monkeypatch.setattr(protocols, "_REGISTRY", protocols._REGISTRY.copy())  # forget what the example registers
     code, expected = _examples()[index]
     if _AGENTS_EXTRA.search(code):
         skip_without("agents", "torch", "transformers")

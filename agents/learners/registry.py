@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from rewards import UnknownNameError
+from rewards.name_registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -51,13 +51,13 @@ PolicyLossFn = Callable[..., "PolicyLossTerms"]
 with grad, ``mask`` the trained mask) and the algorithm's config; the per-token loss it returns is
 aggregated, weighted and logged by :meth:`~agents.learners.base.Algorithm.loss`."""
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 """Advantage estimator name -> function (:data:`AdvantageFn`)."""
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 """Policy loss name -> function (:data:`PolicyLossFn`)."""
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 """Algorithm name (``--algo``) -> algorithm class (its config class is ``cls.config_class``)."""
 
 A = TypeVar("A", bound="type[Algorithm]")
@@ -72,12 +72,7 @@ def register_algorithm(cls: A, *, replace: bool = False) -> A:
     """
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name: set the class attribute name = '...'")
-    known = ALGORITHMS.get(cls.name)
-    if known is not None and known is not cls and not replace:
-        raise ValueError(f"algorithm {cls.name!r} is already registered ({known.__module__}.{known.__qualname__}); "
-                         "pass replace=True to override it")
-    ALGORITHMS[cls.name] = cls
-    return cls
+    return ALGORITHMS.add(cls.name, cls, replace=replace)
 
 
 def lookup_algorithm(name: str) -> type[Algorithm]:
@@ -86,27 +81,19 @@ def lookup_algorithm(name: str) -> type[Algorithm]:
     Raises:
         UnknownNameError: no algorithm has that name (the message lists the known ones).
     """
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise UnknownNameError("algorithm", name, ALGORITHMS) from None
+    return ALGORITHMS.lookup(name)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _registrar(table: dict[str, Any], kind: str, name: str, replace: bool) -> Callable[[F], F]:
-    """A decorator adding its function to ``table`` under ``name`` (one-line errors as register_algorithm's)."""
+def _registrar(table: Registry[Any], name: str, replace: bool) -> Callable[[F], F]:
+    """A decorator adding its function to ``table`` under ``name`` (the name checked at once)."""
     if not name:
-        raise ValueError(f"a {kind} needs a non-empty name")
+        raise ValueError(f"a {table.kind} needs a non-empty name")
 
     def add(fn: F) -> F:
-        known = table.get(name)
-        if known is not None and known is not fn and not replace:
-            raise ValueError(f"{kind} {name!r} is already registered ({known.__module__}.{known.__qualname__}); "
-                             "pass replace=True to override it")
-        table[name] = fn
-        return fn
+        return table.add(name, fn, replace=replace)
 
     return add
 
@@ -117,7 +104,7 @@ def register_advantage(name: str, *, replace: bool = False) -> Callable[[F], F]:
     Raises:
         ValueError: the name is empty, or taken by another function (pass ``replace=True`` to override it).
     """
-    return _registrar(ADVANTAGES, "advantage estimator", name, replace)
+    return _registrar(ADVANTAGES, name, replace)
 
 
 def lookup_advantage(name: str) -> AdvantageFn:
@@ -126,7 +113,7 @@ def lookup_advantage(name: str) -> AdvantageFn:
     Raises:
         UnknownNameError: none has that name (the message lists the known ones).
     """
-    return _lookup(ADVANTAGES, "advantage estimator", name)
+    return ADVANTAGES.lookup(name)
 
 
 def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[F], F]:
@@ -135,7 +122,7 @@ def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[F], F
     Raises:
         ValueError: the name is empty, or taken by another function (pass ``replace=True`` to override it).
     """
-    return _registrar(POLICY_LOSSES, "policy loss", name, replace)
+    return _registrar(POLICY_LOSSES, name, replace)
 
 
 def lookup_policy_loss(name: str) -> PolicyLossFn:
@@ -144,11 +131,5 @@ def lookup_policy_loss(name: str) -> PolicyLossFn:
     Raises:
         UnknownNameError: none has that name (the message lists the known ones).
     """
-    return _lookup(POLICY_LOSSES, "policy loss", name)
+    return POLICY_LOSSES.lookup(name)
 
-
-def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
-    try:
-        return table[name]
-    except KeyError:
-        raise UnknownNameError(kind, name, table) from None

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 from agents.rollout.agent import RolloutAgent
-from rewards import UnknownNameError
+from rewards.name_registry import Registry, same_definition
 
 __all__ = ["DEFAULT_TIS_CAP", "ENGINES", "EngineEntry", "EngineSetup", "RolloutEngine", "engine_options_class",
            "is_engine", "lookup_engine", "register_engine"]
@@ -144,44 +143,40 @@ class EngineEntry:
         return self.engine.build(options, setup)
 
 
-ENGINES: dict[str, EngineEntry] = {}
-"""Engine name (``rollout.engine``) -> its registration."""
-
-#: The modules that register the built-in engines, imported when their name is first looked up.
-_BUILT_IN = {"hf": "agents.rollout.hf_engine", "vllm": "agents.rollout.vllm_engine", "endpoint": "agents.rollout.endpoint",
-             "vllm-server": "agents.rollout.vllm_server_engine"}
+ENGINES: Registry[EngineEntry] = Registry("rollout.engine", built_in={
+    "hf": "agents.rollout.hf_engine", "vllm": "agents.rollout.vllm_engine", "endpoint": "agents.rollout.endpoint",
+    "vllm-server": "agents.rollout.vllm_server_engine"})
+"""Engine name (``rollout.engine``) -> its registration; the built-in engines' modules are imported when
+their name is first looked up."""
 #: What a registered engine class must have besides the protocol's methods.
 _CLASS_ATTRIBUTES = ("logprobs_are_trainers", "decodes_trained_policy", "needs_policy", "build")
 
 
-def register_engine(name: str, engine: type, *, options: type) -> None:
+def register_engine(name: str, engine: type, *, options: type, replace: bool = False) -> None:
     """Make ``engine`` reachable as ``rollout.engine: name`` (and as ``benchmarks.evaluate``'s agents
     ``name:MODEL``), with ``options`` (a dataclass, every field with a default) as its settings.
 
     Raises:
         ValueError: ``engine`` lacks a class attribute or method :class:`RolloutEngine` and the registry
-            need (one line naming them).
+            need (one line naming them), or ``name`` is taken by another engine (pass ``replace=True``).
     """
     missing = [attribute for attribute in (*_CLASS_ATTRIBUTES, "agent", "attach", "sync", "sleep", "wake_up", "close")
                if not hasattr(engine, attribute)]
     if missing:
         raise ValueError(f"engine {name!r}: {engine.__name__} lacks {', '.join(missing)} (see agents.rollout.engines.RolloutEngine)")
-    ENGINES[name] = EngineEntry(engine, options)
+    known = ENGINES.get(name)
+    again = known is not None and same_definition(known.engine, engine)  # its module imported again
+    ENGINES.add(name, EngineEntry(engine, options), replace=replace or again)
 
 
 def lookup_engine(name: str) -> EngineEntry:
     """The registration of engine ``name``; ``UnknownNameError`` (one line, the known names) for another."""
-    if name not in ENGINES and name in _BUILT_IN:
-        import_module(_BUILT_IN[name])
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise UnknownNameError("rollout.engine", name, sorted({*ENGINES, *_BUILT_IN})) from None
+    return ENGINES.lookup(name)
 
 
 def is_engine(name: str) -> bool:
     """Whether ``name`` is a registered (or built-in) engine, importing nothing else."""
-    return name in ENGINES or name in _BUILT_IN
+    return ENGINES.has(name)
 
 
 def engine_options_class(name: str) -> type:

@@ -34,7 +34,7 @@ def test_the_old_name_is_the_same_type_and_the_error_survives_pickling():
 
 def test_replacing_a_preset_needs_replace_true():
     rewards.register("test-registry-replace", lambda response, golds, **_: 1.0, replace=True)
-    with pytest.raises(ValueError, match="'test-registry-replace' already exists; pass replace=True"):
+    with pytest.raises(ValueError, match="^reward preset 'test-registry-replace' is already registered .*; pass replace=True to replace it$"):
         rewards.register("test-registry-replace", lambda response, golds, **_: 2.0)
     rewards.register("test-registry-replace", lambda response, golds, **_: 2.0, replace=True)
     assert rewards.score("test-registry-replace", "x", ["y"]).total == 2.0

@@ -22,8 +22,9 @@ def test_an_unknown_protocol_raises_the_reward_registrys_error_type():
 def test_replacing_a_protocol_needs_replace_true():
     custom = get_protocol("search-r1").with_options(name="test-registries-custom")
     register_protocol(custom, replace=True)
-    with pytest.raises(ValueError, match="protocol 'test-registries-custom' already exists; pass replace=True"):
-        register_protocol(custom)
+    register_protocol(custom)  # the same dialect again: harmless
+    with pytest.raises(ValueError, match="^protocol 'test-registries-custom' is already registered; pass replace=True to replace it$"):
+        register_protocol(custom.with_options(top_k=2))
     changed = custom.with_options(top_k=1)
     assert register_protocol(changed, replace=True) is changed and get_protocol("test-registries-custom") is changed
 

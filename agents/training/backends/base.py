@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
@@ -30,7 +29,7 @@ import torch
 from agents.policies.policy import HFPolicy, PolicyOutput
 from agents.rollout.batch import TrainBatch
 from agents.training.config import TrainConfig
-from rewards import UnknownNameError
+from rewards.name_registry import Registry
 
 if TYPE_CHECKING:
     from agents.learners import Algorithm, BatchCounts
@@ -192,23 +191,16 @@ class TrainingBackend(ABC):
             hook()
 
 
-BACKENDS: dict[str, type[TrainingBackend]] = {}
-"""Backend name (``run.backend``) -> backend class."""
-
-#: The modules that register the built-in backends, imported when their name is first looked up (an engine
-#: itself - DeepSpeed - loads only when its backend is built).
-_BUILT_IN = {"torch": "agents.training.backends.torch", "deepspeed": "agents.training.backends.deepspeed",
-             "fsdp": "agents.training.backends.fsdp"}
+BACKENDS: Registry[type[TrainingBackend]] = Registry("run.backend", built_in={
+    "torch": "agents.training.backends.torch", "deepspeed": "agents.training.backends.deepspeed",
+    "fsdp": "agents.training.backends.fsdp"})
+"""Backend name (``run.backend``) -> backend class. The built-in backends' modules are imported when their
+name is first looked up (an engine itself - DeepSpeed - loads only when its backend is built)."""
 
 
 def lookup_backend(name: str) -> type[TrainingBackend]:
     """The backend class registered as ``name``; ``UnknownNameError`` (one line, the known names) for another."""
-    if name not in BACKENDS and name in _BUILT_IN:
-        import_module(_BUILT_IN[name])  # registers itself
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise UnknownNameError("run.backend", name, sorted({*BACKENDS, *_BUILT_IN})) from None
+    return BACKENDS.lookup(name)
 
 
 def backend_options_class(name: str) -> type:
@@ -216,14 +208,15 @@ def backend_options_class(name: str) -> type:
     return lookup_backend(name).options_class
 
 
-def register_backend(name: str, *, options: type) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
+def register_backend(name: str, *, options: type,
+                     replace: bool = False) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
     """Class decorator: make a backend reachable as ``run.backend: name``, its settings the dataclass
-    ``options`` (the run config's ``backend`` group, ``--backend.FIELD``)."""
+    ``options`` (the run config's ``backend`` group, ``--backend.FIELD``). A name taken by another class is
+    a ``ValueError`` unless ``replace=True``."""
 
     def register(cls: type[TrainingBackend]) -> type[TrainingBackend]:
         cls.options_class = options
-        BACKENDS[name] = cls
-        return cls
+        return BACKENDS.add(name, cls, replace=replace)
 
     return register
 

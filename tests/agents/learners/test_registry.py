@@ -92,7 +92,7 @@ def test_a_taken_name_is_refused_unless_replaced(clean_registries):
         return scores
 
     taken = r"^advantage estimator 'grpo' is already registered \(agents.learners.grpo.group_relative_advantages\); "
-    with pytest.raises(ValueError, match=taken + "pass replace=True to override it$"):
+    with pytest.raises(ValueError, match=taken + "pass replace=True to replace it$"):
         register_advantage("grpo")(other)
     register_advantage("grpo", replace=True)(other)
     assert lookup_advantage("grpo") is other
