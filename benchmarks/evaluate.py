@@ -23,8 +23,8 @@ Agents (--agents, several side by side):
                                             endpoint:URL#MODEL; e.g. ircot:smollm2
 Datasets (--dataset, several): synthetic; nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle (the
   FlashRAG files in --data-dir, else $SEARCHQA_DATA, else ../shared/data); or a jsonl/parquet path. The
-  first --episodes questions of each are asked. Real questions are searched with --retriever bm25|dense
-  over --corpus, or with a retrieval server (--retrieval-url).
+  first --episodes questions of each are asked. Real questions are searched with --retriever (bm25,
+  dense, or one a module given to --import registers) over --corpus, or with a retrieval server (--retrieval-url).
 Metrics, per dataset x protocol x agent: EM, F1 and cover-EM of the extracted answer against every gold
   alias (SQuAD normalisation; cover-EM: a gold is a substring of the answer), an LLM judge's score
   (--judge-url, --judge-model), the protocol's reward, searches, agent tokens, retrieved tokens and
@@ -57,6 +57,7 @@ from agents.rollout.endpoint import EndpointError
 from rewards.models import LLMJudge, ModelCallError
 from search_env import BatchSearchQAEnv
 from search_env.console import HelpFormatter
+from search_env.sources.registry import available_sources, lookup_source
 
 from benchmarks.common.report_files import command_line, replace_generated_section
 from benchmarks.evaluation import HarnessError
@@ -64,7 +65,7 @@ from benchmarks.evaluation.agent_specs import SCRIPTED, AgentOptions, Decoding, 
 from benchmarks.evaluation.datasets import DATASET_FILES, SYNTHETIC, WORLD_SEED, Dataset, load_datasets
 from benchmarks.evaluation.digests import agent_producer
 from benchmarks.evaluation.report import print_legend, print_table, summarize, table_rows, to_markdown, write_chart, write_csv
-from benchmarks.evaluation.retrieval import RETRIEVERS, Retrieval, RetrievalOptions
+from benchmarks.evaluation.retrieval import Retrieval, RetrievalOptions
 from benchmarks.evaluation.runner import EnvOptions, Plan, play, run
 from benchmarks.evaluation.store import EPISODES_FILE, EpisodeLog, check_settings
 
@@ -116,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--episodes", type=int, default=100, help="questions per dataset (the first ones of its file)")
     search = parser.add_argument_group("retrieval")
     search.add_argument("--corpus", type=Path, default=None, help="passage jsonl that real questions are answered from")
-    search.add_argument("--retriever", choices=RETRIEVERS, default="bm25", help="how --corpus is searched")
+    search.add_argument("--retriever", default="bm25",
+                        help=f"how --corpus is searched: {', '.join(available_sources())}, or one --import registers")
     search.add_argument("--retrieval-url", default=None, help="a retrieval server (POST /retrieve) instead of --corpus")
     search.add_argument("--encoder", default=None, help="dense retrieval's encoder folder (unset: the offline default)")
     search.add_argument("--dense-index", choices=("flat", "hnsw", "ivf"), default="flat", help="dense retrieval's faiss index")
@@ -204,6 +206,10 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             search_env.get_protocol(protocol)
         except search_env.UnknownNameError as exc:
             parser.error(str(exc))
+    try:
+        lookup_source(args.retriever)
+    except search_env.UnknownNameError as exc:
+        parser.error(f"--retriever: {exc}")
 
 
 def _engine_options(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, dict[str, Any]]:

@@ -163,8 +163,10 @@ def world_sources(world: SyntheticWorld, data: DataConfig) -> dict[str, Source]:
 
 def _corpus_source(config: TrainConfig) -> Source:
     """The corpus as one source named ``wiki`` (where the NL-DAG protocols' tool names point): indexed
-    here, or searched on the retrieval servers of ``data.retrieval_url``."""
+    here by the retriever ``data.retriever`` names (an index it keeps goes to ``<run.output_dir>/<retriever>-index``),
+    or searched on the retrieval servers of ``data.retrieval_url``."""
     from search_env.console import progress_enabled
+    from search_env.sources.registry import SourceOptions, build_source
 
     if config.data.retrieval_url is not None:
         from search_env.sources.remote import RemoteSource
@@ -173,14 +175,10 @@ def _corpus_source(config: TrainConfig) -> Source:
     corpus = config.data.corpus
     if not Path(corpus).is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
-    if config.data.retriever == "bm25":
-        from search_env.sources.bm25 import BM25Source
-
-        return BM25Source(corpus, name="wiki")
-    from search_env.sources.dense import DenseSource
-
-    return DenseSource(corpus, index_dir=Path(config.run.output_dir) / "dense-index", name="wiki",
-                       show_progress=progress_enabled(config.run.progress))
+    retriever = config.data.retriever
+    options = SourceOptions(name="wiki", index_dir=Path(config.run.output_dir) / f"{retriever}-index",
+                            show_progress=progress_enabled(config.run.progress))
+    return build_source(retriever, corpus, options)
 
 
 class QuestionOrder:

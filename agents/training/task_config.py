@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.training.config_fields import check_positive
+from rewards.name_registry import UnknownNameError
+from search_env.sources.registry import SOURCES
 
 __all__ = ["DataConfig", "EnvConfig"]
 
@@ -17,7 +19,8 @@ class DataConfig:
     Attributes:
         dataset: ``"synthetic"`` (the built-in world) or a FlashRAG jsonl / Search-R1 parquet path.
         corpus: the passages a real dataset is searched in: a ``{id, title, text}`` jsonl.
-        retriever: ``bm25`` or ``dense`` (an encoder and faiss index over ``corpus``).
+        retriever: how ``corpus`` is searched: ``bm25``, ``dense`` (an encoder and faiss index over it) or a
+            retriever a module registered (:func:`search_env.sources.register_source`; ``--import MODULE``).
         retrieval_url: search a retrieval server (``python -m search_env.server``) instead of indexing
             ``corpus`` here: its URL, or the URLs of several replicas of it, comma-separated
             (:class:`~search_env.sources.remote.RemoteSource` spreads the searches over them and skips
@@ -58,8 +61,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_positive("data", self, "world_size", "world_max_hops", "world_scale", "world_stem_tokens")
-        if self.retriever not in ("bm25", "dense"):
-            raise ValueError(f"unknown data.retriever {self.retriever!r}; known: bm25, dense")
+        if not SOURCES.has(self.retriever):
+            raise UnknownNameError("data.retriever", self.retriever, SOURCES.names())
         if self.bm25_stemmer not in (None, "light"):
             raise ValueError(f"unknown data.bm25_stemmer {self.bm25_stemmer!r}; known: light (or null: none)")
         synthetic = self.dataset == "synthetic"

@@ -1,7 +1,8 @@
 """The sources each dataset is searched with: built once per run, shared, recorded or replayed.
 
-Real datasets share one source named ``wiki`` (the name the NL-DAG tool aliases point at): BM25 or
-dense retrieval over ``--corpus``, or a retrieval server (``--retrieval-url``). The synthetic world is
+Real datasets share one source named ``wiki`` (the name the NL-DAG tool aliases point at): a retriever
+registered in :mod:`search_env.sources.registry` (BM25, dense, a user's) over ``--corpus``, or a retrieval
+server (``--retrieval-url``). The synthetic world is
 searched with its own BM25 sources, one per world source plus ``all``, as ``gym.make`` builds them.
 A source is built when the first dataset that needs it runs, so a run that only replays, or only asks
 the synthetic world, builds no corpus index.
@@ -26,15 +27,13 @@ from typing import Any, Callable, Sequence
 from search_env.resolve import resolve_sources
 from search_env.sources.base import Passage, Source
 from search_env.sources.recorded import RecordedSource, RetrievalRecording, describe_config
+from search_env.sources.registry import SourceOptions, build_source
 
 from benchmarks.evaluation import HarnessError
 from benchmarks.evaluation.datasets import WORLD_SEED, WORLD_SIZE, Dataset
 from benchmarks.evaluation.digests import file_digest
 
-__all__ = ["RETRIEVERS", "Retrieval", "RetrievalOptions"]
-
-#: The retrievers ``--retriever`` builds over a corpus.
-RETRIEVERS = ("bm25", "dense")
+__all__ = ["Retrieval", "RetrievalOptions"]
 #: The name of the real datasets' source.
 REAL_SOURCE = "wiki"
 _WORLD_CORPUS = f"synthetic world seed {WORLD_SEED} size {WORLD_SIZE}"
@@ -45,12 +44,13 @@ class RetrievalOptions:
     """How real datasets are searched, and whether searches are recorded or replayed.
 
     Attributes:
-        retriever: ``bm25`` or ``dense`` over ``corpus``.
+        retriever: the registered retriever (``bm25``, ``dense``, a user's) built over ``corpus``.
         corpus: the passage jsonl real questions are answered from.
         url: a retrieval server (``/retrieve`` API) instead of a local corpus.
         encoder: the dense retriever's encoder folder (None: the offline default).
         dense_index: the faiss index kind (``flat``, ``hnsw``, ``ivf``).
-        index_dir: where dense embeddings and index are kept between runs (None: in memory).
+        index_dir: where the retriever keeps its index between runs (dense: embeddings and faiss index;
+            None: in memory).
         record: record every search into this file.
         replay: answer searches from this file, building no retriever.
         replay_missing: what a search the replay file lacks does: ``error`` (the run stops), or
@@ -134,7 +134,11 @@ class Retrieval:
         if config["retriever"] == "remote":
             retriever, corpus = "retrieval server", config["url"]
         else:
-            retriever = "BM25" if config["retriever"] == "bm25" else f"dense ({config['encoder']} encoder, {config['index']} index)"
+            retriever = config["retriever"]
+            if retriever == "bm25":
+                retriever = "BM25"
+            elif retriever == "dense":
+                retriever = f"dense ({config['encoder']} encoder, {config['index']} index)"
             corpus = str(options.corpus) if options.corpus is not None else config["corpus"]
         if options.replay is not None:
             retriever += f", replayed from {options.replay}"
@@ -182,7 +186,7 @@ class Retrieval:
             encoder = Path(o.encoder).name if o.encoder else "default"
             config = {"retriever": "dense", **corpus, "encoder": encoder, "index": o.dense_index, "source": REAL_SOURCE}
         else:
-            config = {"retriever": "bm25", **corpus, "source": REAL_SOURCE}
+            config = {"retriever": o.retriever, **corpus, "source": REAL_SOURCE}
         if present:
             return config
         # a replay where the corpus is not at hand: the recorded corpus of that name, whatever its content
@@ -228,16 +232,8 @@ class Retrieval:
             raise HarnessError("searching real questions live needs --corpus or --retrieval-url")
         started = time.perf_counter()
         print(f"indexing {o.corpus} for {o.retriever} retrieval...", file=sys.stderr, flush=True)
-        if o.retriever == "dense":
-            from search_env.sources.dense import DenseSource
-            from search_env.sources.encoders import TransformersEncoder
-
-            source: Source = DenseSource(o.corpus, TransformersEncoder(o.encoder), index=o.dense_index, index_dir=o.index_dir,
-                                         name=REAL_SOURCE)
-        else:
-            from search_env.sources.bm25 import BM25Source
-
-            source = BM25Source(o.corpus, name=REAL_SOURCE)
+        source = build_source(o.retriever, o.corpus, SourceOptions(name=REAL_SOURCE, index_dir=o.index_dir, encoder=o.encoder,
+                                                                   dense_index=o.dense_index))
         print(f"indexed {o.corpus} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         return source
 

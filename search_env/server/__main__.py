@@ -5,6 +5,7 @@ Examples::
     python -m search_env.server --corpus corpus.jsonl --retriever bm25 --port 8000
     python -m search_env.server --corpus corpus.jsonl --retriever dense --index-dir ~/.cache/searchqa_gym/corpus
     python -m search_env.server --synthetic --synthetic-source news --port 8001
+    python -m search_env.server --import my_module --corpus corpus.jsonl --retriever mine
 
 Binds 127.0.0.1 unless ``--host`` says otherwise: the API has no authentication.
 
@@ -15,6 +16,7 @@ ready ``GET /health`` answers HTTP 503 ``{"status": "building", ...}`` and ``POS
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -23,9 +25,10 @@ import sys
 # encode would starve the event loop thread that reads the next requests (benchmarks/RESULTS.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from rewards.name_registry import UnknownNameError
 from search_env.console import HelpFormatter
 from search_env.server.app import ServerLimits
-from search_env.server.build import RETRIEVERS, build_source, synthetic_passages
+from search_env.server.build import build_source, retrievers, synthetic_passages
 from search_env.server.readiness import SourceBuild, SourceBuildFailed
 from search_env.server.runner import LOOPBACK, serve
 from search_env.sources.base import Source
@@ -46,7 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--difficulty", type=int, default=1, help="synthetic world difficulty")
 
     retrieval = parser.add_argument_group("retrieval")
-    retrieval.add_argument("--retriever", choices=RETRIEVERS, default="bm25", help="how passages are found")
+    retrieval.add_argument("--retriever", default="bm25",
+                           help=f"how passages are found: {', '.join(retrievers())}, or one --import registers")
+    retrieval.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                           help="import MODULE first (the retrievers it registers with search_env.sources.register_source "
+                                "can then be named)")
     retrieval.add_argument("--index-dir", help="save indexes here and reuse them on the next start")
     retrieval.add_argument("--encoder", help="dense encoder model folder or name (unset: the offline MiniLM)")
     retrieval.add_argument("--rebuild", action="store_true", help="re-index even if --index-dir holds an index")
@@ -74,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level")
 
     args = parser.parse_args(argv)
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            parser.error(f"--import {module}: {' '.join(str(exc).split())}")
+    if args.retriever not in retrievers():
+        parser.error(f"--retriever: {UnknownNameError('retriever', args.retriever, retrievers())}")
     if bool(args.corpus) == bool(args.synthetic):
         parser.error("give exactly one of --corpus PATH and --synthetic")
     if args.concurrency is not None and args.concurrency < 1:

@@ -1,5 +1,6 @@
 """Building the Source that a server serves: which passages (a corpus file or the synthetic world),
-which retriever (BM25, dense, or their hybrid), and an index folder that makes restarts fast.
+which retriever (BM25, dense, their hybrid, or one a module registered with
+:func:`search_env.sources.register_source`), and an index folder that makes restarts fast.
 
 An index folder remembers what it was built from (:data:`STAMP_FILE`); an index built from another
 corpus is rebuilt rather than served, because a stale index answers with the wrong passages silently.
@@ -8,19 +9,29 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
+from rewards.name_registry import UnknownNameError
 from search_env.files import write_atomically
 from search_env.sources.base import Passage, Source
+from search_env.sources.registry import SOURCES, SourceOptions
 
-__all__ = ["RETRIEVERS", "STAMP_FILE", "build_source", "corpus_identity", "synthetic_passages"]
+__all__ = ["HYBRID", "RETRIEVERS", "STAMP_FILE", "build_source", "corpus_identity", "retrievers", "synthetic_passages"]
 
 log = logging.getLogger(__name__)
 
-Retriever = Literal["bm25", "dense", "hybrid"]
-RETRIEVERS: tuple[str, ...] = ("bm25", "dense", "hybrid")
+#: The server's own retriever: reciprocal-rank fusion of ``bm25`` and ``dense``.
+HYBRID = "hybrid"
+#: The built-in retrievers (:func:`retrievers` adds those registered since, e.g. by ``--import``).
+RETRIEVERS: tuple[str, ...] = ("bm25", "dense", HYBRID)
 STAMP_FILE = "built_from.json"
+
+
+def retrievers() -> list[str]:
+    """Every retriever the server can build: the registered ones and :data:`HYBRID`, sorted."""
+    return sorted({*SOURCES.names(), HYBRID})
 
 
 def synthetic_passages(*, seed: int = 0, difficulty: int = 1, source: str | None = None) -> list[dict[str, str]]:
@@ -43,7 +54,7 @@ def corpus_identity(corpus: str | Path) -> dict[str, Any]:
 
 
 def build_source(
-    retriever: Retriever,
+    retriever: str,
     *,
     corpus: str | Path | None = None,
     passages: list[dict[str, str]] | None = None,
@@ -59,13 +70,14 @@ def build_source(
     """The Source for ``retriever`` over a corpus file or a list of ``{id, title, text}`` passages.
 
     Args:
-        retriever: "bm25", "dense" (faiss flat index over ``encoder`` embeddings) or "hybrid"
-            (reciprocal-rank fusion of the two, each index cached as for its own retriever).
+        retriever: "bm25", "dense" (faiss flat index over ``encoder`` embeddings), "hybrid"
+            (reciprocal-rank fusion of the two, each index cached as for its own retriever) or another
+            registered retriever (its index folder ``index_dir/<retriever>``).
         corpus, passages: exactly one of them.
         identity: what the passages are, for index reuse (default: :func:`corpus_identity` of
             ``corpus``; passages without an identity are never reused from disk).
         index_dir: where indexes are saved (one subfolder per retriever) and loaded from on the
-            next start.
+            next start (BM25's here, by a stamp of what it was built from; the others by the retriever).
         name: the source name reported by ``/health`` and used by clients.
         encoder: model folder or name for dense retrieval; None means the offline default MiniLM.
         rebuild: re-index even when ``index_dir`` holds a matching index (a dense index built
@@ -79,37 +91,30 @@ def build_source(
     """
     if (corpus is None) == (passages is None):
         raise ValueError("build_source needs exactly one of corpus= and passages=")
-    if retriever not in RETRIEVERS:
-        raise ValueError(f"unknown retriever {retriever!r}; use one of {', '.join(RETRIEVERS)}")
+    if retriever != HYBRID and not SOURCES.has(retriever):
+        raise UnknownNameError("retriever", retriever, retrievers())
     if identity is None and corpus is not None:
         identity = corpus_identity(corpus)
     data = str(corpus) if corpus is not None else passages
     folder = Path(index_dir) if index_dir is not None else None
+    options = SourceOptions(name=name, rebuild=rebuild, encoder=encoder, encoder_threads=threads,
+                            compile_encoder=compile_encoder, encoder_backend=backend, dense_index="flat")
 
-    def bm25() -> Source:
-        from search_env.sources.bm25 import BM25Source
+    def built(kind: str) -> Source:
+        if kind == "bm25":  # BM25 saves and loads its index here, checked against the corpus it was built from
+            from search_env.sources.bm25 import BM25Source
 
-        return _cached(
-            folder, "bm25", identity, rebuild, lambda: BM25Source(data, name=name), lambda d: BM25Source.load(d, name=name)
-        )
-
-    def dense() -> Source:
-        from search_env.sources.dense import DenseSource
-        from search_env.sources.encoders import TransformersEncoder
-
+            return _cached(
+                folder, "bm25", identity, rebuild, lambda: BM25Source(data, name=name), lambda d: BM25Source.load(d, name=name)
+            )
         corpus_or_passages = str(corpus) if corpus is not None else [Passage(p["id"], p["title"], p["text"]) for p in passages or []]
-        return DenseSource(
-            corpus_or_passages, TransformersEncoder(encoder, num_threads=threads, compile_model=compile_encoder, backend=backend), index="flat",
-            index_dir=folder / "dense" if folder is not None else None, rebuild=rebuild, name=name,
-        )
+        return SOURCES.lookup(kind)(corpus_or_passages, replace(options, index_dir=folder / kind if folder is not None else None))
 
-    if retriever == "bm25":
-        return bm25()
-    if retriever == "dense":
-        return dense()
+    if retriever != HYBRID:
+        return built(retriever)
     from search_env.sources.hybrid import HybridSource
 
-    return HybridSource([bm25(), dense()], name=name)
+    return HybridSource([built("bm25"), built("dense")], name=name)
 
 
 def _cached(

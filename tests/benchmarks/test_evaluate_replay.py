@@ -120,6 +120,30 @@ def test_dense_retrieval_over_the_corpus(real_format: tuple[Path, Path], tmp_pat
     assert all(len(e["tool_calls"][0]["passage_ids"]) == 2 for e in _episodes(tmp_path / "run"))
 
 
+def test_a_retriever_a_module_registers_searches_the_corpus(real_format: tuple[Path, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+    import sys
+
+    module_name = "tests.search_env.sources.user_retriever"
+    if module_name in sys.modules:
+        sys.modules[module_name].forget()
+    questions, corpus = real_format
+    common = ["--dataset", str(questions), "--corpus", str(corpus), "--protocols", "search-r1", "--agents",
+              "retrieve-then-answer", "--top-k", "1", "--retriever", "word-overlap"]
+    try:
+        with pytest.raises(SystemExit):
+            main([*common, "--output-dir", str(tmp_path / "refused")])  # not imported: not known
+        assert "error: --retriever: unknown retriever 'word-overlap'; known: bm25, dense" in capsys.readouterr().err
+        (row,) = main([*common, "--import", module_name, "--output-dir", str(tmp_path / "run")])
+        module = importlib.import_module(module_name)
+        assert [(str(built), options.name) for built, options in module.BUILT] == [(str(corpus), "wiki")]
+        assert row["retriever"] == "word-overlap" and row["searches"] == 1.0
+    finally:
+        if module_name in sys.modules:
+            sys.modules[module_name].forget()
+
+
 # --- the corpus and the agent by their content --------------------------------------------------------
 
 

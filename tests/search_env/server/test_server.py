@@ -668,7 +668,7 @@ def test_cli_serves_a_synthetic_world_source(tmp_path: Path) -> None:
         (["--retriever", "bm25"], "exactly one of --corpus PATH and --synthetic"),
         (["--corpus", "c.jsonl", "--synthetic"], "exactly one of --corpus PATH and --synthetic"),
         (["--corpus", "c.jsonl", "--synthetic-source", "news"], "--synthetic-source needs --synthetic"),
-        (["--corpus", "c.jsonl", "--retriever", "tfidf"], "invalid choice: 'tfidf'"),
+        (["--corpus", "c.jsonl", "--retriever", "tfidf"], "--retriever: unknown retriever 'tfidf'; known: bm25, dense, hybrid"),
         (["--corpus", "c.jsonl", "--body-timeout-s", "0"], "--body-timeout-s must be a positive number of seconds, got 0.0"),
     ],
 )
@@ -688,6 +688,34 @@ def test_cli_defaults_bind_loopback_with_search_r1_topk() -> None:
     assert (args.host, args.port, args.topk, args.retriever) == ("127.0.0.1", 8000, 3, "bm25")
     assert not args.compile  # compiling the encoder costs about a minute at start: opt-in only
     assert parse_args(["--corpus", "c.jsonl", "--retriever", "dense", "--compile"]).compile
+
+
+def test_cli_serves_a_retriever_a_module_registers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+    import sys
+
+    from search_env.server.__main__ import parse_args
+
+    module_name = "tests.search_env.sources.user_retriever"
+    if module_name in sys.modules:
+        sys.modules[module_name].forget()
+    try:
+        with pytest.raises(SystemExit):
+            parse_args(["--corpus", "c.jsonl", "--retriever", "word-overlap"])  # not imported: not known
+        assert "--retriever: unknown retriever 'word-overlap'; known: bm25, dense, hybrid" in capsys.readouterr().err
+        args = parse_args(["--import", module_name, "--corpus", "c.jsonl", "--retriever", "word-overlap"])
+        assert args.retriever == "word-overlap"
+        module = importlib.import_module(module_name)
+        source = build_source(args.retriever, passages=CORPUS, index_dir=tmp_path / "index", name="wiki")
+        assert isinstance(source, module.WordOverlapSource) and source.name == "wiki"
+        [(_, options)] = module.BUILT
+        assert options.index_dir == tmp_path / "index" / "word-overlap" and options.encoder_threads == 1
+        with pytest.raises(SystemExit):
+            parse_args(["--import", "tests.no_such_module", "--corpus", "c.jsonl"])
+        assert "--import tests.no_such_module: No module named 'tests.no_such_module'" in capsys.readouterr().err
+    finally:
+        if module_name in sys.modules:
+            sys.modules[module_name].forget()
 
 
 # --- building the served source ------------------------------------------------------------------
