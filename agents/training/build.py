@@ -20,7 +20,7 @@ from agents.learners import AlgorithmConfig
 from agents.learners.registry import lookup_algorithm
 from agents.policies.loading import load_codec, load_policy
 from agents.rollout.engines import lookup_engine
-from agents.training.backends import build_backend, training_dtype
+from agents.training.backends import build_backend, lookup_backend, training_dtype
 from agents.training.callbacks import Callback
 from agents.training.config import TrainConfig
 from agents.training.data import RunData, split_data
@@ -72,10 +72,11 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = (), da
 
 def policy_load_dtype(config: TrainConfig) -> torch.dtype:
     """The dtype the policy's model is loaded in: fp32 for what is trained (the optimiser's steps must not
-    round away; bf16 compute is autocast, or the DeepSpeed engine's), and with LoRA on the ``torch``
-    backend the frozen base in the run's precision (``run.dtype``), so a bf16 run holds it in half the
-    memory (the adapters stay fp32)."""
-    if config.model.lora_rank > 0 and config.run.backend == "torch":
+    round away; bf16 compute is autocast, or the DeepSpeed engine's), and with LoRA on a backend that keeps
+    the frozen base as loaded (:attr:`~agents.training.backends.base.TrainingBackend.frozen_base_in_run_dtype`,
+    the ``torch`` backend) the base in the run's precision (``run.dtype``), so a bf16 run holds it in half
+    the memory (the adapters stay fp32)."""
+    if config.model.lora_rank > 0 and lookup_backend(config.run.backend).frozen_base_in_run_dtype:
         return training_dtype(config.run.dtype, torch.device(resolve_device(config.run.device)))
     return torch.float32
 

@@ -50,6 +50,10 @@ class TrainingBackend(ABC):
     policy: HFPolicy
     #: The dataclass of the backend's own settings (the run config's ``backend`` group).
     options_class: ClassVar[type]
+    #: A LoRA policy's frozen base is loaded in the run's precision (``run.dtype``; half the memory in bf16)
+    #: rather than in fp32, because the backend keeps it as loaded and runs it under autocast. What is
+    #: trained is loaded in fp32 either way (an optimiser's steps must not round away).
+    frozen_base_in_run_dtype: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._post_step_hooks: list[Callable[[], None]] = []

@@ -98,6 +98,9 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         with_reference: keep a frozen copy of the policy for KL terms (sharded like the policy).
     """
 
+    #: FSDP2 gathers a unit's parameters as one flat buffer, which holds one dtype: a LoRA base stays fp32.
+    frozen_base_in_run_dtype = False
+
     def __init__(self, policy: HFPolicy, config: TrainConfig, *, critic: ValueModel | None = None,
                  critic_learning_rate: float | None = None, critic_warmup_steps: int = 0,
                  with_reference: bool = False) -> None:

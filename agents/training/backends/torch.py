@@ -43,6 +43,22 @@ class TorchBackend(TrainingBackend):
     With LoRA adapters on the policy (:attr:`HFPolicy.has_adapters`) the reference is the policy with its
     adapters off (:meth:`HFPolicy.adapters_off`): no copy is kept (``reference`` stays ``None``).
 
+    A subclass may keep this optimisation over parameters laid out another way; FSDP2's backend
+    (:class:`~agents.training.backends.fsdp.FSDPBackend`, over sharded parameters) does, and overrides,
+    besides public methods, exactly these hooks:
+
+    * :meth:`_apply`: clip and apply one optimiser's gradients, returning the norm before clipping
+      (sharded: the global norm, reduced over the shards);
+    * :meth:`_copy_reference`: make the reference the policy as it is now (sharded: shard by shard);
+    * :meth:`_held`: the part of a tensor this process holds (sharded: its shard), what the checkpoint's
+      digest of rebuilt weights reads;
+    * :meth:`_rebuilt_digest`: that digest, memoised in ``_rebuilt_sha256`` (sharded: shards settled first).
+
+    It also reads, and may set after ``__init__``, this state: ``reference`` and ``_with_reference`` (a
+    sharded reference is built before the policy is sharded), ``_supervised`` (not ``None`` within
+    :meth:`supervised`), :meth:`_precision` (the autocast block) and :meth:`_restore` (a loaded state,
+    keeping the optimiser settings; a subclass's :meth:`load` reads its own file and calls it).
+
     Args:
         policy: the policy to train (already on its device).
         config: the run's config: the ``optim`` group, ``rollout.temperature`` (log-probs are taken at the
@@ -52,6 +68,8 @@ class TorchBackend(TrainingBackend):
         critic_warmup_steps: training steps of the critic's own linear warm-up.
         with_reference: keep a frozen reference policy for KL terms.
     """
+
+    frozen_base_in_run_dtype = True
 
     def __init__(
         self,

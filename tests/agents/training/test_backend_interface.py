@@ -136,3 +136,18 @@ def test_the_trainer_trains_through_a_registered_backend_of_its_own(tmp_path, fa
 def test_an_unknown_backend_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match=r"^unknown run.backend 'deepspeeed'; known: deepspeed, .*fsdp, torch; did you mean 'deepspeed'\?$"):
         build_trainer(small_config("grpo", tmp_path, {"run.backend": "deepspeeed", "eval.questions": 0}))
+
+
+def test_a_lora_bases_load_dtype_is_the_backends_choice(fake_backend, monkeypatch):
+    """The run's precision for a LoRA base only on a backend that keeps it as loaded (``torch``; not
+    FSDP2, nor a backend that does not say so); what is trained loads in fp32 on every backend."""
+    from agents.training.build import policy_load_dtype
+    from agents.training.config import TrainConfig
+
+    lora = TrainConfig("grpo").updated({"model.lora_rank": 4, "run.dtype": "bf16", "run.device": "cpu"})
+    assert policy_load_dtype(lora) == torch.bfloat16
+    assert policy_load_dtype(lora.updated({"model.lora_rank": 0})) == torch.float32
+    for backend in ("fsdp", "fake"):
+        assert policy_load_dtype(lora.updated({"run.backend": backend})) == torch.float32, backend
+    monkeypatch.setattr(fake_backend, "frozen_base_in_run_dtype", True)
+    assert policy_load_dtype(lora.updated({"run.backend": "fake"})) == torch.bfloat16
