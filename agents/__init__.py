@@ -13,6 +13,11 @@ learners and trainer need the ``agents`` extra (torch, transformers) and are imp
 
 (:class:`~agents.training.config.TrainConfig` lists every group and field; ``python -m agents.train
 --help`` shows the same settings as flags.)
+
+The extension hooks are here too: :func:`register_algorithm` (with :func:`register_advantage` and
+:func:`register_policy_loss`), :func:`register_engine`, :func:`register_backend`, and :class:`Callback`
+for a run's events; every algorithm's config class is exported beside them. A search source is
+registered in ``search_env`` (:func:`search_env.sources.register_source`).
 """
 from __future__ import annotations
 
@@ -33,10 +38,14 @@ _LAZY = {
     "HFSampler": "agents.rollout.hf_sampler",
     "collect_rollouts": "agents.rollout.collect", "Rollout": "agents.rollout.collect", "build_batch": "agents.rollout.batch",
     "ALGORITHMS": "agents.learners", "Algorithm": "agents.learners", "lookup_algorithm": "agents.learners",
-    "register_algorithm": "agents.learners",
-    "PPOConfig": "agents.learners", "GRPOConfig": "agents.learners", "ReinforcePPConfig": "agents.learners",
-    "ReinforcePPBaselineConfig": "agents.learners",
+    "register_algorithm": "agents.learners", "register_advantage": "agents.learners", "register_policy_loss": "agents.learners",
+    "AlgorithmConfig": "agents.learners", "PPOConfig": "agents.learners", "GRPOConfig": "agents.learners",
+    "RLOOConfig": "agents.learners", "GSPOConfig": "agents.learners", "GiGPOConfig": "agents.learners",
+    "ReinforcePPConfig": "agents.learners", "ReinforcePPBaselineConfig": "agents.learners",
+    "RolloutEngine": "agents.rollout.engines", "EngineSetup": "agents.rollout.engines", "register_engine": "agents.rollout.engines",
     "TrainingBackend": "agents.training.backends", "TorchBackend": "agents.training.backends",
+    "register_backend": "agents.training.backends",
+    "Callback": "agents.training.callbacks",
     "Trainer": "agents.training.trainer", "TrainResult": "agents.training.result",
     "build_trainer": "agents.training.build",
     "warm_start": "agents.training.warm_start",
