@@ -3,7 +3,8 @@
 The seven QA sets of the search-agent papers have short names (:data:`DATASET_FILES`) that resolve to
 their FlashRAG jsonl files in a data folder: ``--data-dir``, else ``$SEARCHQA_DATA`` (the folder
 :func:`search_env.data.load_dataset` reads names from), else ``shared/data`` beside the repository.
-Any other path is loaded as it is. A run takes the first ``--episodes`` questions of each set, in file
+A split's name, ``SET@SPLIT`` (``nq@held-out``; :mod:`search_env.data.splits`), asks that part of
+the fixed split of the same files, in its hash order. Any other path is loaded as it is. A run takes the first ``--episodes`` questions of each set, in file
 order, so a resumed or repeated run asks the same questions; the table says which subset it was.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from search_env.data.example import QAExample
 from search_env.data.loaders import DATA_DIR_ENV, load_dataset
+from search_env.data.splits import is_split_name
 
 __all__ = ["DATASET_FILES", "SYNTHETIC", "WORLD_SEED", "Dataset", "default_data_dir", "load_datasets", "resolve_dataset_path"]
 
@@ -35,7 +37,7 @@ class Dataset:
 
     Attributes:
         name: as the table shows it: a short name, ``synthetic``, or the path as given.
-        path: the file, or None for the synthetic world.
+        path: the file, or None for the synthetic world and a split.
         examples: the questions asked (the first ``--episodes`` of the file).
         total: the questions the file holds.
         world: the synthetic world (whose own sources answer its questions), else None.
@@ -86,6 +88,9 @@ def load_datasets(specs: list[str], limit: int, data_dir: Path | None = None) ->
             world = generate_world(seed=WORLD_SEED, n_questions=WORLD_SIZE)
             questions = list(world.questions)
             datasets.append(Dataset(SYNTHETIC, None, questions[:limit], len(questions), world))
+        elif is_split_name(spec):  # a part of the fixed split, e.g. nq@held-out (in hash order)
+            examples = load_dataset(spec, data_dir=data_dir if data_dir is not None else default_data_dir())
+            datasets.append(Dataset(spec, None, examples[:limit], len(examples)))
         else:
             path = resolve_dataset_path(spec, data_dir)
             examples = load_dataset(path)

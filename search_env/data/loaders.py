@@ -8,7 +8,8 @@ Formats:
 - Search-R1-style parquet, as its ``scripts/data_process`` scripts write it (``data_source``,
   ``prompt``, ``ability``, ``reward_model.ground_truth.target``, ``extra_info``, plus the FlashRAG
   columns that ``datasets.map`` keeps);
-- ``"synthetic"``: the questions of the built-in synthetic world.
+- ``"synthetic"``: the questions of the built-in synthetic world;
+- ``"SET@SPLIT"``: a part of the fixed split of the real QA sets (:mod:`search_env.data.splits`).
 
 Malformed rows raise ``ValueError`` naming the file and the line (jsonl) or row (parquet): text that
 is not UTF-8, fields of the wrong type, a parquet file that cannot be read. A file without any
@@ -27,6 +28,7 @@ from typing import Any
 from search_env.data.corpus import iter_jsonl
 from search_env._optional import requires_extra
 from search_env.data.example import QAExample, SubQuestion
+from search_env.data.splits import is_split_name, load_split
 
 #: Environment variable naming the folder that dataset names (``"hotpotqa_dev"``) resolve against.
 DATA_DIR_ENV = "SEARCHQA_DATA"
@@ -49,7 +51,10 @@ def load_dataset(
     A path ending in ``.jsonl`` is read as FlashRAG jsonl, ``.parquet`` as Search-R1 parquet. A bare
     name (``"hotpotqa_dev"``, ``"nq_search/test"``) is looked up as ``<name>.jsonl`` or
     ``<name>.parquet`` in ``data_dir`` or, when that is not given, in ``$SEARCHQA_DATA``.
-    ``"synthetic"`` returns ``generate_world(**world_options).questions``. ``shuffle`` (seeded by
+    ``"synthetic"`` returns ``generate_world(**world_options).questions``. ``"SET@SPLIT"``
+    (``"nq@held-out"``, ``"real-qa@train"``) is a part of the fixed split of the real QA sets
+    (:mod:`search_env.data.splits`), read from ``data_dir``, else ``$SEARCHQA_DATA``, else
+    ``shared/data`` beside the repository. ``shuffle`` (seeded by
     ``seed``) happens before ``limit``, so ``limit`` with ``shuffle`` is a random subset.
     """
     if str(name_or_path) == "synthetic":
@@ -59,6 +64,8 @@ def load_dataset(
         return _select(iter(world.questions), limit=limit, shuffle=shuffle, seed=seed)
     if world_options is not None:
         raise TypeError("world_options only applies to load_dataset('synthetic')")
+    if is_split_name(str(name_or_path)) and not Path(name_or_path).is_file():
+        return _select(iter(load_split(str(name_or_path), data_dir)), limit=limit, shuffle=shuffle, seed=seed)
     path = _resolve(name_or_path, data_dir)
     fmt = _FORMATS.get(path.suffix)
     if fmt == "flashrag":
