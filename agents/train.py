@@ -8,7 +8,7 @@
 
 Flags follow the config's groups (:mod:`agents.training.config`): ``--GROUP.FIELD VALUE``. Three choices
 decide a group's fields: ``--algo NAME`` the ``algorithm`` group (``--algo ppo --help`` lists PPO's),
-``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group. ``--config recipe.yaml`` loads a recipe first; flags after it override it. ``--import
+``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group. ``--config recipe.yaml`` loads a recipe first, wherever it stands; every flag overrides it. ``--import
 MODULE`` imports a module before anything is read, so the algorithms, protocols and rewards it registers
 can be named (rollout engines and backends too). ``--smoke`` shrinks the recipe to a trial of minutes and
 keeps the rest of it (:mod:`agents.training.smoke`), saying in one line what it changed. Parsing is
@@ -42,13 +42,15 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import itertools
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["main", "parse_config"]
+from search_env.console import nearest_flags, plain_text
+
+__all__ = ["main", "parse_changes", "parse_config", "recipes_first"]
 
 #: A recipe's placeholder for a value the user must give (e.g. ``model: {name: ???}``).
 MISSING = "???"
@@ -68,8 +70,55 @@ def parse_config(argv: Sequence[str]) -> Any:
     return _parse(argv)[0]
 
 
+def recipes_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` with every ``--config FILE`` (and ``--config=FILE``) moved to the front, in their order, the
+    other arguments after them in theirs: the recipes are applied first and every flag then overrides them,
+    wherever it stands (jsonargparse applies a recipe where it stands, over the flags before it)."""
+    recipes: list[str] = []
+    rest: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item == "--config":
+            recipes += [item, *itertools.islice(items, 1)]  # and its file
+        elif item.startswith("--config="):
+            recipes.append(item)
+        else:
+            rest.append(item)
+    return [*recipes, *rest]
+
+
+def parse_changes(changes: Sequence[str], recipe: str | Path) -> Any:
+    """The :class:`~agents.training.config.TrainConfig` of ``recipe`` with ``GROUP.FIELD=VALUE`` changes (a
+    benchmark's ``--set``: YAML values, typed by the field as ``--GROUP.FIELD VALUE`` types them;
+    ``algo=NAME`` picks the algorithm).
+
+    Raises:
+        ValueError: a malformed item, an unknown field (with the nearest one, as ``--set`` spells it) or a
+            bad value (one line).
+    """
+    argv = ["--config", str(recipe)]
+    for item in changes:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set takes GROUP.FIELD=VALUE, got {item!r}")
+        argv += [f"--{name}", value]
+    try:
+        return parse_config(argv)
+    except ValueError:
+        parser, _ = _parser(argv)
+        fields = [flag[2:] for action in parser._actions for flag in action.option_strings
+                  if flag.startswith("--") and "." in flag or flag == "--algo"]
+        for item in changes:
+            name = item.partition("=")[0]
+            if name not in fields:
+                close = difflib.get_close_matches(name, fields, n=1, cutoff=0.75)
+                raise ValueError(f"--set {item}: no field {name}" + (f" (did you mean {close[0]}?)" if close else "")) from None
+        raise
+
+
 def _parse(argv: Sequence[str]) -> tuple[Any, list[str]]:
     """:func:`parse_config`'s config, and the lines the command prints about it (what ``--smoke`` changed)."""
+    argv = recipes_first(argv)
     parser, choices = _parser(argv)
     algo = choices["algo"]
     from jsonargparse import ArgumentError as JsonArgumentError
@@ -77,7 +126,7 @@ def _parse(argv: Sequence[str]) -> tuple[Any, list[str]]:
     try:
         namespace = parser.parse_args(list(argv))
     except JsonArgumentError as exc:
-        message = _with_suggestion(_one_line(str(exc)), parser)
+        message = nearest_flags(_one_line(str(exc)), [s for action in parser._actions for s in action.option_strings])
         if "'algorithm' does not accept" in message:  # a field of another algorithm's config, from a recipe
             message += f" ({algo}'s config has no such field: python -m agents.train --algo {algo} --help lists them)"
         for group, flag in (("engine", "rollout.engine"), ("backend", "run.backend")):
@@ -123,7 +172,7 @@ def _parser(argv: Sequence[str]) -> tuple[Any, dict[str, str]]:
                      f"lists {algo}'s fields and defaults; --algo NAME --help lists another's."),
     )
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML recipe of config groups (agents/configs/*.yaml)")
-    parser.add_argument("--algo", default=algo, help=f"the algorithm (default: {DEFAULT_ALGO}, or the recipe's)")
+    parser.add_argument("--algo", default=algo, help=f"the algorithm (default: %(default)s: the recipe's, else {DEFAULT_ALGO})")
     parser.add_argument("--import", dest="import_", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (its registered algorithms, rollout engines, backends, protocols and rewards can then be named)")
     parser.add_argument("--smoke", action="store_true",
@@ -135,18 +184,6 @@ def _parser(argv: Sequence[str]) -> tuple[Any, dict[str, str]]:
         parser.add_class_arguments(group_class, nested_key=name, as_positional=False)
     _plain_help(parser, {**GROUPS, **{name: group_class for name, (_, group_class) in chosen.items()}})
     return parser, choices
-
-
-#: Sphinx roles (``:class:`~a.b.C```, ``:mod:`a.b```, ``:func:`x <a.b.x>```) and inline literals in docstrings.
-_ROLE = re.compile(r":[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
-_LITERAL = re.compile(r"``(.*?)``")
-
-
-def plain_text(text: str) -> str:
-    """``text`` without the Sphinx markup the docstrings hold, as a terminal shows it: a role keeps its
-    text (``:class:`~a.b.C``` is ``C``, ``:mod:`a.b``` is ``a.b``) and a literal its content."""
-    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
-    return _LITERAL.sub(r"\1", text)
 
 
 def _plain_help(parser: Any, classes: dict[str, type]) -> None:
@@ -204,17 +241,6 @@ def _choices(argv: Sequence[str]) -> dict[str, str]:
             if getattr(known, flag) is None and isinstance(section, dict) and name in section:
                 choices[flag] = section[name]
     return {flag: default if choices[flag] is None else choices[flag] for flag, (_, default) in _CHOICES.items()}
-
-
-def _with_suggestion(message: str, parser: Any) -> str:
-    """``message`` with "did you mean --x?" for each unrecognised flag that is close to a known one."""
-    flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
-    hints = []
-    for flag in re.findall(r"(--[\w.+-]+)", message.partition("nrecognized arguments")[2]):
-        close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.75)
-        if close:
-            hints.append(f"{flag}: did you mean {close[0]}?")
-    return message if not hints else f"{message} ({'; '.join(hints)})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,6 +63,7 @@ from agents.training.trainer import Trainer
 from benchmarks.common.report_files import command_line, markdown_table, write_results
 from benchmarks.common.warm_start_cache import warm_started
 from search_env import BatchSearchQAEnv
+from search_env.console import HelpFormatter
 from search_env.trajectory import Trajectory
 
 TARGET_X = 1.5  #: ours must take at most 1 / TARGET_X of TRL's time per step
@@ -245,7 +246,7 @@ def report(trl: Sequence[StepRecord], ours: Sequence[StepRecord], args: argparse
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=PROG, description=__doc__.splitlines()[0], formatter_class=HelpFormatter,
     )
     parser.add_argument("--task", choices=("demo", "search-r1"), default="demo",
                         help="demo: the learning benchmark's task (compact prompt); search-r1: Search-R1's prompt")

@@ -104,17 +104,11 @@ def demo_config(changes: Sequence[str] = (), *, recipe: str | Path = DEMO_RECIPE
     ``python -m agents.train --GROUP.FIELD VALUE`` types them; ``algo=NAME`` picks the algorithm).
 
     Raises:
-        ValueError: a malformed item, an unknown field or a bad value (one line).
+        ValueError: a malformed item, an unknown field (with the nearest one) or a bad value (one line).
     """
-    from agents.train import parse_config
+    from agents.train import parse_changes
 
-    argv = ["--config", str(recipe)]
-    for item in changes:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--set takes GROUP.FIELD=VALUE, got {item!r}")
-        argv += [f"--{name}", value]
-    return parse_config(argv)
+    return parse_changes(changes, recipe)
 
 
 @dataclass
@@ -404,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=DEMO_RECIPE, help="the recipe every seed runs")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/learning"),
                         help="where the runs (one folder per seed), curve and results go")
-    parser.add_argument("--set", nargs="*", default=[], metavar="GROUP.FIELD=VALUE",
+    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="GROUP.FIELD=VALUE",
                         help="override recipe fields (YAML values), e.g. --set optim.learning_rate=3e-4 run.steps=100")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in a process of its own with one warm-start thread unless the recipe "

@@ -6,17 +6,20 @@ terminal) each redraw becomes a line, and a corpus encoding floods the log with 
 ``SEARCHQA_PROGRESS`` environment variable (``1``/``0``) says otherwise, and stays silent when tqdm
 is not installed (it comes with the ``dense`` and ``agents`` extras, not the core install).
 
-:class:`HelpFormatter` is the ``--help`` layout of every command: the module docstring as written,
-and each option's default.
+:class:`HelpFormatter` is the ``--help`` layout of every command: the module docstring as written but
+without its Sphinx and reStructuredText markup (:func:`plain_text`), and each option's default.
+:class:`CommandParser` ends a usage error with one line, naming the nearest option of a mistyped one.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, NoReturn, TypeVar
 
-__all__ = ["PROGRESS_ENV", "HelpFormatter", "progress", "progress_enabled"]
+__all__ = ["PROGRESS_ENV", "CommandParser", "HelpFormatter", "nearest_flags", "plain_text", "progress", "progress_enabled"]
 
 PROGRESS_ENV = "SEARCHQA_PROGRESS"
 """Environment variable forcing progress bars on (``1``, ``true``, ``yes``, ``on``) or off (``0``,
@@ -81,12 +84,53 @@ def progress(iterable: Iterable[T] | None = None, *, show: bool | None = None, *
     return tqdm(iterable, file=sys.stderr, **tqdm_kwargs)
 
 
+#: Sphinx roles (``:class:`~a.b.C```, ``:mod:`a.b```, ``:func:`x <a.b.x>```), inline literals and strong emphasis.
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+_LITERAL = re.compile(r"``(.*?)``")
+_STRONG = re.compile(r"\*\*(\S(?:.*?\S)?)\*\*")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without the markup the docstrings hold for the API documentation, as a terminal shows it:
+    a role keeps its text (``:class:`~a.b.C``` is ``C``, ``:mod:`a.b``` is ``a.b``), a literal and a
+    strong emphasis their content."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return _STRONG.sub(r"\1", _LITERAL.sub(r"\1", text))
+
+
+def nearest_flags(message: str, flags: Iterable[str]) -> str:
+    """``message`` (an argument parser's error) with "did you mean --x?" for each unrecognised flag in it
+    that is close to one of ``flags``."""
+    known = [flag for flag in flags if flag.startswith("--")]
+    hints = []
+    for flag in re.findall(r"(--[\w.+-]+)", message.partition("nrecognized arguments")[2]):
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return message if not hints else f"{message} ({'; '.join(hints)})"
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """``--help`` with the description as written (line breaks kept) and every option's default.
-    Flags (which default to off) and options whose default is None (their help says what unset
-    means) show no ``(default: ...)``."""
+    """``--help`` with the description as written (line breaks kept) and every option's default, the
+    description and the options' help without markup (:func:`plain_text`). Flags (which default to off)
+    and options whose default is None (their help says what unset means) show no ``(default: ...)``."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.nargs == 0 or action.default is None:
-            return action.help
-        return super()._get_help_string(action)
+            return None if action.help is None else plain_text(action.help)
+        text = super()._get_help_string(action)
+        return None if text is None else plain_text(text)
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose usage error is one line on stderr (exit status 2): the error, the nearest
+    known option of a mistyped one, and where the options are listed - not the whole usage, which for a
+    command of many options buries the error."""
+
+    def error(self, message: str) -> NoReturn:
+        flags = [flag for action in self._actions for flag in action.option_strings]
+        self.exit(2, f"{self.prog}: error: {' '.join(nearest_flags(message, flags).split())} "
+                     f"({self.prog} --help lists the options)\n")

@@ -9,6 +9,7 @@ chosen, or a CPU-only build of PyTorch on a machine that has NVIDIA GPUs (``pip`
 """
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 from pathlib import Path
@@ -19,10 +20,23 @@ import torch
 if TYPE_CHECKING:
     from agents.training.config import RunConfig
 
-__all__ = ["AUTO", "device_line", "device_warnings", "has_nvidia_gpu", "resolve_device"]
+__all__ = ["AUTO", "device_line", "device_warnings", "has_nvidia_gpu", "resolve_device", "unknown_device"]
 
 #: The ``run.device`` value that picks CUDA when available, else the CPU.
 AUTO = "auto"
+
+
+#: Other names people give a GPU, and the torch device type they mean.
+_ALIASES = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0"}
+
+
+def unknown_device(device: str) -> str:
+    """The one line for a ``run.device`` torch does not know: the devices a run names, and the nearest
+    one (``gpu``: ``cuda``) rather than every device type torch was built to know."""
+    kind, colon, index = device.strip().partition(":")
+    known = _ALIASES.get(kind.lower()) or next(iter(difflib.get_close_matches(kind.lower(), (AUTO, "cpu", "cuda", "mps"), n=1)), None)
+    hint = f" (did you mean {known + colon + index!r}?)" if known else ""
+    return f"run.device {device!r} is not a torch device{hint}: give {AUTO}, cpu, cuda, cuda:N or mps"
 
 
 def resolve_device(setting: str) -> str:

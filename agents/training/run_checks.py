@@ -55,12 +55,12 @@ def check_device(device: str) -> None:
     one :func:`~agents.training.devices.resolve_device` picks, always available)."""
     import torch
 
-    from agents.training.devices import resolve_device
+    from agents.training.devices import resolve_device, unknown_device
 
     try:
         parsed = torch.device(resolve_device(device))
-    except RuntimeError as exc:
-        raise ValueError(f"run.device {device!r} is not a torch device: {' '.join(str(exc).split())}") from None
+    except RuntimeError:
+        raise ValueError(unknown_device(device)) from None
     if parsed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -124,7 +124,7 @@ def check_settings(output_dir: Path, settings: Mapping[str, Any], producers: Map
                 if before.get(part) != produced.get(part):
                     raise HarnessError(
                         f"{output_dir} holds episodes of agent {agent!r} with {part} digest {before.get(part)}, and its {part} "
-                        f"is now {produced.get(part)}: give another --output-dir (or delete {output_dir}) to start fresh")
+                        f"digest is now {produced.get(part)}: give another --output-dir (or delete {output_dir}) to start fresh")
         if set(agents) <= set(held_agents):
             return
         agents = {**held_agents, **agents}

@@ -53,6 +53,38 @@ def test_recipe_then_flags_make_the_config(tmp_path):
     assert parse_config(["--config", str(recipe), "--algo", "grpo"]).algo == "grpo"  # the flag beats the recipe
 
 
+def test_flags_override_the_recipe_before_it_or_after_it(tmp_path):
+    for argv in (["--run.steps", "3", "--config", str(RECIPE), "--model.name", "tiny"],
+                 ["--config", str(RECIPE), "--model.name", "tiny", "--run.steps", "3"],
+                 ["--model.name", "tiny", "--run.steps", "3", f"--config={RECIPE}"]):
+        config = parse_config(argv)
+        assert (config.model.name, config.run.steps) == ("tiny", 3), argv
+        assert config.rollout.top_p == 0.95  # the recipe's still, where no flag changes it
+    assert parse_config(["--model.name", "tiny", "--config", str(RECIPE), "--smoke"]).model.name == "tiny"
+    second = tmp_path / "second.yaml"
+    second.write_text("run:\n  steps: 7\n  seed: 5\n")
+    config = parse_config(["--run.steps", "3", "--config", str(RECIPE), "--model.name", "tiny", "--config", str(second)])
+    assert (config.run.steps, config.run.seed) == (3, 5)  # recipes in their order, then every flag
+    done = _run("--run.steps", "3", "--config", str(ROOT / "agents" / "configs" / "demo.yaml"), "--print_config")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^run:\n(?:  .*\n)*?  steps: 3$", done.stdout, re.M), done.stdout
+
+
+def test_a_bad_device_suggests_the_nearest_one_without_torchs_list():
+    for device, hint in (("gpu", "did you mean 'cuda'?"), ("gpu:1", "did you mean 'cuda:1'?"), ("cdu", "did you mean 'cpu'?")):
+        with pytest.raises(ValueError) as info:
+            parse_config(["--run.device", device])
+        message = str(info.value)
+        assert hint in message and "give auto, cpu, cuda, cuda:N or mps" in message and "mkldnn" not in message, message
+
+
+def test_help_says_each_default_once_and_no_field_twice():
+    text = " ".join(_run("--help").stdout.split())
+    assert "every every" not in text and "every eval.every steps" in text
+    algo = _flag_help(_run("--help").stdout)["--algo"]
+    assert algo.count("default") == 1, algo
+
+
 def test_a_recipe_field_of_another_algorithm_says_whose_fields_to_see(tmp_path):
     recipe = tmp_path / "ppo.yaml"
     recipe.write_text("algo: ppo\nalgorithm:\n  critic: head\n")

@@ -395,6 +395,7 @@ def test_a_resume_after_the_agents_source_changed_is_refused_in_one_line(
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: {out} holds episodes of agent 'changing_agent:Agent' with source digest ")
+    assert ", and its source digest is now " in err  # the digest, not the source, changed
     assert err.rstrip().endswith(f"give another --output-dir (or delete {out}) to start fresh")
     assert len(_episodes(out)) == 2  # the old episodes were not mixed with new ones
 

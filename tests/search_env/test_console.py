@@ -1,4 +1,4 @@
-"""Progress bars only where someone watches; ``--help`` with defaults."""
+"""Progress bars only where someone watches; ``--help`` with defaults and without markup; a usage error in one line."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from search_env.console import PROGRESS_ENV, HelpFormatter, progress, progress_enabled
+from search_env.console import PROGRESS_ENV, CommandParser, HelpFormatter, nearest_flags, plain_text, progress, progress_enabled
 from tests.conftest import skip_without
 
 
@@ -73,3 +73,26 @@ def test_help_shows_defaults_and_keeps_the_description_as_written() -> None:
     assert "line one\n  line two" in text
     assert "questions per run (default: 100)" in text
     assert "skip the slow part\n" in text and "(unset: nowhere)\n" in text  # flags and None defaults say nothing more
+
+
+def test_help_shows_no_sphinx_or_restructuredtext_markup() -> None:
+    description = "**The ladder** (``--ladder quick``) runs rungs of :mod:`benchmarks.common.ladder` (:data:`~a.b.RUNGS`)."
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    parser.add_argument("--window", type=int, default=3, help="steps of :func:`~benchmarks.common.collapse.rolling_mean`, ``3``")
+    text = parser.format_help()
+    assert "The ladder (--ladder quick) runs rungs of benchmarks.common.ladder (RUNGS)." in text
+    assert "steps of rolling_mean, 3 (default: 3)" in " ".join(text.split())
+    assert plain_text("2 ** 3 and **bold**") == "2 ** 3 and bold"  # an operator is not emphasis
+
+
+def test_a_usage_error_is_one_line_naming_the_nearest_option(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = CommandParser(prog="python -m tool", formatter_class=HelpFormatter)
+    for flag in ("--episodes", "--jobs", "--output-dir", "--seed", "--bootstrap-reps"):
+        parser.add_argument(flag)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--episodez", "3", "--jobz", "2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err == ("python -m tool: error: unrecognized arguments: --episodez 3 --jobz 2 (--episodez: did you mean --episodes?; "
+                   "--jobz: did you mean --jobs?) (python -m tool --help lists the options)\n")
+    assert nearest_flags("unrecognized arguments: --zzz", ["--episodes"]) == "unrecognized arguments: --zzz"  # nothing near
