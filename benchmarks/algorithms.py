@@ -7,7 +7,7 @@ Every algorithm trains on the demo's synthetic 2-hop task (or each rung's) from 
 policy, with the same sample budget and seeds.
 
     python -m benchmarks.algorithms [--algorithms ...] [--seeds 0 1 2] [--output-dir runs/algorithms] [--set GROUP.FIELD=VALUE ...]
-    python -m benchmarks.algorithms --quick      # a few minutes: a small world, a short warm start, one seed
+    python -m benchmarks.algorithms --quick      # a few minutes, one seed: checks the machinery, does not rank
     python -m benchmarks.algorithms --import my_module --algorithms grpo mine   # an algorithm of your own
     python -m benchmarks.algorithms --ladder quick    # 3hop and noisy, 3 seeds, about 30 min (benchmarks/common/ladder.py)
     python -m benchmarks.algorithms --ladder full --rungs 3hop    # 5 seeds, a warm start each
@@ -59,7 +59,8 @@ end, for at least ``--window`` steps.
 
 **Outputs** in ``--output-dir``: one training run folder per algorithm and seed (``runs/<algorithm>/seed<n>``,
 with its ``metrics.jsonl``); a PNG per metric (mean over seeds, with the min-max band over seeds);
-``table.md`` and ``table.csv`` (per algorithm, mean ± standard deviation over seeds: final training
+``table.md`` and ``table.csv`` (every finished run of the task in the folder, this command's and those of earlier
+commands, with a header naming any of other settings left out; per algorithm, mean ± standard deviation over seeds: final training
 reward and other step metrics as means over the last ``--window`` steps, the final held-out EM, the
 area under the held-out EM curve (trapezoids over the evaluations, divided by their step span), the
 collapse steps, wall and CPU minutes of the run; the interquartile mean of the final held-out EM and of
@@ -91,16 +92,17 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from benchmarks.common.algorithm_report import format_ladder_table, ladder_summary, plot_ladder_summary, write_report
 from benchmarks.common.algorithm_runs import COLLAPSE_FRACTIONS, AlgorithmCurve, RunRecord, finished_run, save_finished_run
 from benchmarks.common.collapse import collapse_step
+from benchmarks.common.folder_runs import folder_runs
 from benchmarks.common.ladder import LADDERS, RUNGS, Probe, Rung, probed_data, select_rungs
 from benchmarks.common.rl_statistics import DEFAULT_REPS
 from benchmarks.learning import DEMO_RECIPE, demo_config
-from search_env.console import HelpFormatter
+from search_env.console import CommandParser, HelpFormatter
 
 if TYPE_CHECKING:
     from agents.training.config import TrainConfig
     from agents.training.data import RunData
 
-__all__ = ["QUICK", "SHARED_FIELDS", "VARIANTS", "Task", "Variant", "main", "registered_variant", "run_algorithm", "run_task",
+__all__ = ["QUICK", "QUICK_NOTE", "SHARED_FIELDS", "VARIANTS", "Task", "Variant", "main", "registered_variant", "run_algorithm", "run_task",
            "variant_config"]
 
 Setting = Any
@@ -174,6 +176,10 @@ QUICK = {
     "warm_start.examples": 6000, "run.steps": 16, "eval.every": 4, "eval.questions": 30,
     "rollout.questions_per_step": 4, "algorithm.group_size": 4,
 }
+#: The first line of ``--quick``'s table: what it can show, and the smallest command that ranks the algorithms.
+QUICK_NOTE = ("--quick checks the machinery (a small world, a short warm start, 16 steps, one seed): its numbers do not "
+              "rank the algorithms. The smallest command that does is the quick ladder, python -m benchmarks.algorithms "
+              "--ladder quick (3 seeds, two rungs, about 30 minutes on two cores).")
 
 
 def registered_variant(name: str) -> Variant:
@@ -336,7 +342,7 @@ def _in_jobs(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]], job
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.algorithms", description=__doc__, formatter_class=HelpFormatter)
+    parser = CommandParser(prog="python -m benchmarks.algorithms", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--algorithms", nargs="+", default=[v.name for v in VARIANTS], metavar="NAME",
                         help=f"the algorithms to run: {', '.join(_BY_NAME)}, or any registered algorithm's name")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -344,8 +350,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", help="model seeds (run.seed), one warm start each (default: 0 1 2; "
                         "--quick: 0; --ladder: the size's)")
     parser.add_argument("--config", type=Path, default=DEMO_RECIPE, help="the shared recipe")
-    parser.add_argument("--set", nargs="*", default=[], metavar="GROUP.FIELD=VALUE",
-                        help="change the shared recipe (YAML values; after --quick's or the ladder's changes), e.g. --set run.steps=100")
+    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="GROUP.FIELD=VALUE",
+                        help="change the shared recipe (YAML values; after the recipe and --quick's or the ladder's changes, "
+                        "wherever --config stands; every --set counts), e.g. --set run.steps=100")
     parser.add_argument("--quick", action="store_true", help="a few minutes: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     parser.add_argument("--ladder", choices=sorted(LADDERS), help="run the ladder of tasks (benchmarks/common/ladder.py) at "
                         "this size, each rung in its own sub-folder, with a summary across rungs")
@@ -455,13 +462,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for rung in rungs:
         rung_out = out / rung.name
         first = planned[rung.name][0][2]
+        found = folder_runs(rung_out / "runs", first.updated({"model.name": str(warm_starts[seeds[0]].policy_dir)}),
+                            windows[rung.name], records_by_rung[rung.name])
+        records_by_rung[rung.name] = found.shown  # the table covers every finished run of the task in the folder
         results = {**common, "window": windows[rung.name], "rung": {"name": rung.name, "changes": changes[rung.name], "why": rung.why,
                                       "probe": asdict(rung.probe) if rung.probe else None},
                    "config": first.as_dict(), "minutes": (time.perf_counter() - started) / 60,
                    "variants": {v.name: {"algo": v.algo, "grouped": v.grouped, "why": v.why,
                                          "algorithm": next(asdict(c.algorithm) for vv, _, c in planned[rung.name] if vv is v)}
                                 for v in variants}}
-        table = write_report(records_by_rung[rung.name], windows[rung.name], args.bootstrap_reps, rung_out, results, title=rung.name)
+        table = write_report(found.shown, windows[rung.name], args.bootstrap_reps, rung_out, results, title=rung.name,
+                             header=[*([QUICK_NOTE] if args.quick else []), *found.header()])
         print(f"\n{rung.name or 'table'}:\n{table}\n(tables, plots and results.json in {rung_out})", flush=True)
     if size is not None:
         rows = ladder_summary(records_by_rung, reps=args.bootstrap_reps)

@@ -20,19 +20,27 @@ from benchmarks.common.algorithm_tables import (
 )
 from benchmarks.common.rl_statistics import DEFAULT_REPS, stratified_bootstrap_ci
 
-__all__ = ["cpu_minutes_to_threshold", "em_band", "format_ladder_table", "ladder_summary", "plot_em_band", "plot_ladder_summary", "steps_to_threshold",
+__all__ = ["ONE_SEED_NOTE", "cpu_minutes_to_threshold", "em_band", "format_ladder_table", "ladder_summary", "plot_em_band", "plot_ladder_summary", "steps_to_threshold",
            "write_report"]
 
 
+#: The header line of a table with an algorithm of one seed.
+ONE_SEED_NOTE = ("One seed for an algorithm: its IQM columns are that seed's value, with no interval; seeds, not "
+                 "a longer run, are what tell the algorithms apart.")
+
+
 def write_report(records: Sequence[RunRecord], window: int, reps: int, out: Path, results: Mapping[str, Any], *,
-                 title: str = "") -> str:
+                 title: str = "", header: Sequence[str] = ()) -> str:
     """Write ``out``'s ``table.md``, ``table.csv``, ``runs.csv``, a PNG per metric, the performance profiles,
     the held-out EM curve with its bootstrap band (:func:`plot_em_band`, ``title`` naming the task) and
-    ``results.json`` (``results`` plus the summaries, the runs and the load average at the end); return the
-    table's text."""
+    ``results.json`` (``results`` plus the summaries, the runs, the header and the load average at the end);
+    return ``table.md``'s text: the ``header`` lines (which runs it shows, what it can show), with
+    :data:`ONE_SEED_NOTE` where an algorithm has one seed, then the tables."""
     rows = summarize(records, window, reps=reps)
     pairs = improvements(records, window, reps=reps)
-    table = format_table(rows) + (f"\n\n{format_improvements(pairs)}" if pairs else "")
+    notes = [*header, *([ONE_SEED_NOTE] if any(len(row["seeds"]) < 2 for row in rows) else [])]
+    table = "\n".join(f"{line}\n" for line in notes) + ("\n" if notes else "") + format_table(rows)
+    table += f"\n\n{format_improvements(pairs)}" if pairs else ""
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     write_csvs(rows, records, window, out)
@@ -43,7 +51,7 @@ def write_report(records: Sequence[RunRecord], window: int, reps: int, out: Path
         plot_profiles(profile_curves, out / "heldout_em_profile.png")
     bands = em_band(records, reps=reps)
     plot_em_band(bands, out / "heldout_em_band.png", title=title)
-    everything = {**results, "bootstrap_reps": reps, "summary": rows, "improvements": pairs, "profiles": profile_curves,
+    everything = {**results, "header": notes, "bootstrap_reps": reps, "summary": rows, "improvements": pairs, "profiles": profile_curves,
                   "heldout_em_band": bands, "runs": [asdict(r) for r in records], "load_average_end": list(os.getloadavg())}
     (out / "results.json").write_text(json.dumps(everything, indent=2) + "\n", encoding="utf-8")
     return table

@@ -244,3 +244,36 @@ def test_an_algorithm_a_user_registers_runs_through_the_benchmark(tmp_path: Path
     with open(out / "runs.csv", newline="") as handle:
         runs = list(csv.DictReader(handle))
     assert [r["algorithm"] for r in runs] == ["tiny-pg", "tiny-pg"] and all(r["heldout_em_auc"] for r in runs)
+
+
+def test_a_folders_table_covers_every_finished_run_of_its_task_and_names_those_it_leaves_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import QUICK_NOTE, main
+    from benchmarks.common.algorithm_report import ONE_SEED_NOTE
+
+    out = tmp_path / "out"
+    argv = ["--quick", "--seeds", "0", "--jobs", "1", "--policy-cache", str(tmp_path / "cache"), "--output-dir", str(out), "--set", *TINY]
+    assert main([*argv, "--algorithms", "grpo", "reinforce++", "--window", "2"]) == 0
+    capsys.readouterr()
+
+    def table_rows() -> list[str]:
+        return [line.split("|")[1].strip() for line in (out / "table.md").read_text().splitlines()
+                if line.startswith("| ") and not line.startswith("| algorithm")]
+
+    # a later command with one of the algorithms: the table still shows both finished runs
+    assert main([*argv, "--algorithms", "reinforce++", "--window", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "finished already" in printed and table_rows() == ["reinforce++", "grpo"]
+    text = (out / "table.md").read_text()
+    assert text.startswith(QUICK_NOTE + "\n") and ONE_SEED_NOTE in text
+    assert "this command's 1 and 1 finished earlier (grpo)" in text and "Not shown" not in text
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["algorithm"], r["seed"]) for r in results["runs"]] == [("reinforce++", 0), ("grpo", 0)]
+    with open(out / "runs.csv", newline="") as handle:
+        assert [row["algorithm"] for row in csv.DictReader(handle)] == ["reinforce++", "grpo"]
+    # a run of other settings (its collapse window) is left out, and the header says which and why
+    assert main([*argv, "--algorithms", "grpo", "--window", "1"]) == 0
+    assert table_rows() == ["grpo"]
+    assert "Not shown: 1 finished run in the folder of other settings (reinforce++ seed 0: collapse window 2 (here 1))" in \
+        (out / "table.md").read_text()

@@ -7,6 +7,7 @@ import csv
 import importlib
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -312,6 +313,63 @@ def test_help_shows_defaults(module: str, capsys: pytest.CaptureFixture[str]) ->
     out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
     assert exit_info.value.code == 0
     assert out.count("(default: ") >= 3
+    assert not MARKUP.findall(out), MARKUP.findall(out)
+
+
+#: Sphinx roles, inline literals and strong emphasis: the API documentation's markup, not a terminal's.
+MARKUP = re.compile(r":[a-z]+:`|``|\*\*\w")
+
+
+def test_the_algorithm_benchmarks_help_has_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and not MARKUP.findall(out), [line for line in out.splitlines() if MARKUP.search(line)]
+    assert "The ladder (--ladder quick|full, --rungs to select" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(("module", "argv", "hint"), [
+    ("benchmarks.evaluate", ["--episodez", "3"], "(--episodez: did you mean --episodes?)"),
+    ("benchmarks.algorithms", ["--jobz", "2"], "(--jobz: did you mean --jobs?)"),
+])
+def test_a_mistyped_option_is_one_line_naming_the_nearest(module: str, argv: list[str], hint: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    if module == "benchmarks.algorithms":
+        skip_without(*AGENTS_EXTRA)
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and hint in err, err
+    assert err.startswith(f"python -m {module}: error: unrecognized arguments: {' '.join(argv)} ")
+
+
+def test_a_mistyped_set_field_names_the_nearest_as_set_takes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--set", "run.stepz=3", "--output-dir", "unused"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert "--set run.stepz=3: no field run.stepz (did you mean run.steps?)" in err and "--run.steps" not in err
+
+
+def test_set_changes_the_recipe_before_or_after_config_and_every_set_counts() -> None:
+    skip_without(*AGENTS_EXTRA)
+    from benchmarks.algorithms import _parser
+    from benchmarks.learning import DEMO_RECIPE, demo_config
+
+    parser = _parser()
+    recipe = demo_config()
+    assert (recipe.run.steps, recipe.eval.questions) != (3, 5)
+    for argv in (["--set", "run.steps=3", "--config", str(DEMO_RECIPE), "--set", "eval.questions=5"],
+                 ["--config", str(DEMO_RECIPE), "--set", "run.steps=3", "eval.questions=5"]):
+        args = parser.parse_args(argv)
+        config = demo_config(args.set, recipe=args.config)
+        assert (config.run.steps, config.eval.questions, config.eval.every) == (3, 5, recipe.eval.every), argv
 
 
 def test_learning_reads_the_demo_recipe_with_typed_changes(capsys: pytest.CaptureFixture[str]) -> None:
