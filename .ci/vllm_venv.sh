@@ -2,6 +2,7 @@
 # Build (or find) the virtualenv that runs vLLM's CPU engine for this project, and print its path.
 #
 #   bash .ci/vllm_venv.sh [DIR]
+#   bash .ci/vllm_venv.sh --check [DIR]    # prints DIR when it is built, else exits 1 at once, building nothing
 #
 # DIR defaults to $SEARCHQA_VLLM_VENV, else ~/.cache/searchqa-gym/vllm-venv (outside the work tree, so
 # fresh clones and CI runs on the same machine reuse one build). vLLM lives in a virtualenv of its own
@@ -24,6 +25,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CHECK=0
+if [ "${1:-}" = "--check" ]; then CHECK=1; shift; fi
 DIR="${1:-${SEARCHQA_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/searchqa-gym/vllm-venv}}"
 PY="${PYTHON:-python3}"
 
@@ -40,6 +43,7 @@ ready() {
 }
 
 if ready; then echo "$DIR"; exit 0; fi
+if [ "$CHECK" = 1 ]; then echo "the vLLM virtualenv is not built in $DIR: bash .ci/vllm_venv.sh builds it" >&2; exit 1; fi
 
 mkdir -p "$(dirname "$DIR")"
 exec 9>"$DIR.lock"
