@@ -81,7 +81,7 @@ from agents.training.backends.deepspeed_setup import deepspeed_config, import_de
 from agents.training.backends.distributed import DataParallelBackend, EveryRankError, init_process_group
 from agents.training.backends.models import frozen_copy, trainable
 from agents.training.backends.schedules import warmup_schedule
-from agents.training.config import TrainConfig
+from agents.training.backends.settings import BackendSettings
 
 __all__ = ["DeepSpeedBackend", "DeepSpeedOptions"]
 
@@ -116,7 +116,8 @@ class DeepSpeedBackend(DataParallelBackend):
 
     Args:
         policy: the policy to train, not yet sharded.
-        config: the run's config (its ``backend`` group, :class:`DeepSpeedOptions`; the ``optim`` group ...).
+        settings: what it reads of the run's config (its ``options`` a :class:`DeepSpeedOptions`; the ``optim``
+            group, the precision, the collectives' timeout ...).
         critic: a separate value model (PPO without a value head), not yet sharded; trained by its own
             engine and AdamW, at the policy's ZeRO stage, as :class:`TorchBackend` trains its critic.
         critic_learning_rate: the critic's learning rate (default: the policy's).
@@ -124,7 +125,7 @@ class DeepSpeedBackend(DataParallelBackend):
         with_reference: keep a frozen copy of the policy for KL terms.
     """
 
-    def __init__(self, policy: HFPolicy, config: TrainConfig, *, critic: ValueModel | None = None,
+    def __init__(self, policy: HFPolicy, settings: BackendSettings, *, critic: ValueModel | None = None,
                  critic_learning_rate: float | None = None, critic_warmup_steps: int = 0,
                  with_reference: bool = False) -> None:
         super().__init__()
@@ -134,23 +135,23 @@ class DeepSpeedBackend(DataParallelBackend):
         accelerator = get_accelerator()
         on_gpu = accelerator.device_name() not in ("cpu",)
         init_process_group(on_gpu, lambda name, timeout: deepspeed.init_distributed(
-            dist_backend=name, auto_mpi_discovery=False, verbose=False, timeout=timeout), timeout_s=config.run.collective_timeout_s)
+            dist_backend=name, auto_mpi_discovery=False, verbose=False, timeout=timeout), timeout_s=settings.collective_timeout_s)
         self._join(torch.device(accelerator.current_device_name()) if on_gpu else torch.device("cpu"))
-        self.config = config
-        self.stage = config.backend.zero_stage
+        self.settings = settings
+        self.stage = settings.options.zero_stage
         if on_gpu and self.stage not in (2, 3):
             raise ValueError(f"backend.zero_stage {self.stage} is not one this backend runs (2 or 3)")
         bf16_ok = on_gpu and accelerator.is_bf16_supported()
-        if config.run.dtype == "bf16" and not bf16_ok:
+        if settings.dtype == "bf16" and not bf16_ok:
             raise ValueError("run.dtype bf16 with run.backend deepspeed needs a GPU that supports bf16 (on a CPU the engine trains in fp32)")
         hidden = getattr(getattr(policy.model, "config", None), "hidden_size", None)
-        self.ds_config = deepspeed_config(config, self._world, on_gpu=on_gpu, bf16_ok=bf16_ok, hidden_size=hidden)
+        self.ds_config = deepspeed_config(settings, self._world, on_gpu=on_gpu, bf16_ok=bf16_ok, hidden_size=hidden)
         policy.to(self._device)
         # Before the policy's weights are sharded; a LoRA policy's reference is its base (adapters off), no copy.
         reference = frozen_copy(policy) if with_reference and not policy.has_adapters else None
-        optim = config.optim
+        optim = settings.optim
         self.engine, self.client_optimizer, self.scheduler = self._trained_engine(
-            policy, optim.learning_rate, warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps))
+            policy, optim.learning_rate, warmup_steps(optim.warmup_steps, optim.warmup_ratio, settings.steps))
         self.optimizer = self.engine.optimizer
         self.policy = policy
         self.critic = critic
@@ -175,7 +176,7 @@ class DeepSpeedBackend(DataParallelBackend):
                         warmup: int) -> tuple[Any, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
         """``model`` in a ZeRO engine with an AdamW of the run's settings at ``learning_rate`` and a linear
         warm-up over ``warmup`` training steps: (engine, the AdamW the engine steps, its schedule)."""
-        optim = self.config.optim
+        optim = self.settings.optim
         optimizer = torch.optim.AdamW(trainable(model.parameters()), lr=learning_rate, betas=tuple(optim.adam_betas),
                                       weight_decay=optim.weight_decay)
         scheduler = warmup_schedule(optimizer, warmup)
@@ -249,7 +250,7 @@ class DeepSpeedBackend(DataParallelBackend):
         its own graph only, so each reduces exactly its own gradients)."""
         head_values = with_values and self.critic_engine is None
         out = self.engine(batch.input_ids, batch.attention_mask, batch.position_ids,
-                          temperature=self.config.rollout.temperature, with_entropy=with_entropy,
+                          temperature=self.settings.temperature, with_entropy=with_entropy,
                           with_values=head_values, from_column=batch.first_trained_column)
         if with_values and self.critic_engine is not None:
             values = self.critic_engine(batch.input_ids, batch.attention_mask, batch.position_ids)
@@ -265,7 +266,7 @@ class DeepSpeedBackend(DataParallelBackend):
         if not self._with_reference:
             raise RuntimeError("this backend keeps no reference policy (no KL term)")
         args = (batch.input_ids, batch.attention_mask, batch.position_ids)
-        options = {"temperature": self.config.rollout.temperature, "from_column": batch.first_trained_column}
+        options = {"temperature": self.settings.temperature, "from_column": batch.first_trained_column}
         if self.reference is not None:
             return self.reference(*args, **options).logprobs
         training = self.policy.training  # a LoRA policy's base, without dropout as a frozen copy would run
@@ -294,7 +295,7 @@ class DeepSpeedBackend(DataParallelBackend):
                 mine.data.copy_(theirs.data)
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        return split_micro_batches(batch, self.config.optim.micro_batch_size)
+        return split_micro_batches(batch, self.settings.optim.micro_batch_size)
 
     # -- optimisation ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -394,7 +395,7 @@ class DeepSpeedBackend(DataParallelBackend):
         if self.critic_engine is not None:
             self.critic_engine.save_checkpoint(str(directory), tag=CRITIC_TAG, save_latest=False,
                                                client_state={"scheduler": self.critic_scheduler.state_dict()})
-        if self.reference is not None and self.config.warm_start.steps + self.config.warm_start.copy_steps > 0:
+        if self.reference is not None and self.settings.warm_starts:
             if self.stage < 3:
                 if self._rank == 0:
                     torch.save(self.reference.state_dict(), Path(directory) / "reference.pt")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from agents.training.config import TrainConfig
+from agents.training.backends.settings import BackendSettings
 from agents.training.library_noise import hide_deepspeed_cpu_notice, ignore_deprecated_collective_warnings
 
 __all__ = ["deepspeed_config", "import_deepspeed", "saved_ranks", "share_master_weights", "skip_shared_memory_op"]
@@ -55,15 +55,15 @@ def skip_shared_memory_op(deepspeed: Any) -> None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
-def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16_ok: bool,
+def deepspeed_config(settings: BackendSettings, world_size: int, *, on_gpu: bool, bf16_ok: bool,
                      hidden_size: int | None = None) -> dict[str, Any]:
-    """The engine's config for a run: derived from ``config`` (micro batch, clipping, ZeRO stage,
-    precision), then overridden by the keys of the JSON file ``backend.config`` names.
+    """The engine's config for a run: derived from the backend's ``settings`` (micro batch, clipping, ZeRO
+    stage, precision), then overridden by the keys of the JSON file ``backend.config`` names.
 
     Raises:
         ValueError: the file cannot be read, or a value is left ``"auto"`` (this backend resolves none).
     """
-    run, optim, options = config.run, config.optim, config.backend
+    optim, options = settings.optim, settings.options
     micro = optim.micro_batch_size if optim.micro_batch_size > 0 else 1
     zero: dict[str, Any] = {"stage": options.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if options.zero_stage == 3 and hidden_size:
@@ -78,7 +78,7 @@ def deepspeed_config(config: TrainConfig, world_size: int, *, on_gpu: bool, bf16
         "managed_gradient_accumulation": False,
         "gradient_clipping": optim.max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": bool(on_gpu and bf16_ok and run.dtype != "fp32")},
+        "bf16": {"enabled": bool(on_gpu and bf16_ok and settings.dtype != "fp32")},
         "fp16": {"enabled": False},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10 ** 9,

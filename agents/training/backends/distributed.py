@@ -34,6 +34,7 @@ import torch
 
 from agents.training.backends.base import TrainingBackend
 from agents.training.backends.models import trained_models
+from agents.training.backends.settings import BackendSettings
 from agents.training.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class DataParallelBackend(TrainingBackend):
         (:func:`~agents.training.backends.models.trained_models`). A world size that does not divide
         ``rollout.questions_per_step`` (a question's group is never split between ranks) is one line."""
         check_world(config, launcher_world_size())
-        return cls(policy, config, **trained_models(config, policy, algorithm).options())
+        return cls(policy, BackendSettings.of(config), **trained_models(config, policy, algorithm).options())
 
     def _join(self, device: torch.device) -> None:
         import torch.distributed as dist

@@ -46,8 +46,8 @@ from agents.policies.policy import HFPolicy, ValueModel
 from agents.training.backends.base import register_backend, training_dtype
 from agents.training.backends.distributed import DataParallelBackend, EveryRankError, init_process_group
 from agents.training.backends.models import frozen_copy, trainable
+from agents.training.backends.settings import BackendSettings
 from agents.training.backends.torch import TorchBackend
-from agents.training.config import TrainConfig
 from agents.training.devices import resolve_device
 
 __all__ = ["FSDPBackend", "FSDPOptions", "decoder_layers", "rank_file"]
@@ -91,7 +91,8 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
 
     Args:
         policy: the policy to train, not yet sharded (sharded in place: it stays the object the trainer samples from).
-        config: the run's config (its ``backend`` group, :class:`FSDPOptions`; the ``optim`` group ...).
+        settings: what it reads of the run's config (its ``options`` an :class:`FSDPOptions`; the ``optim``
+            group, the device, the collectives' timeout ...).
         critic: a separate value model (PPO without a value head), not yet sharded.
         critic_learning_rate: the critic's learning rate (default: the policy's).
         critic_warmup_steps: training steps of the critic's own linear warm-up.
@@ -101,28 +102,28 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
     #: FSDP2 gathers a unit's parameters as one flat buffer, which holds one dtype: a LoRA base stays fp32.
     frozen_base_in_run_dtype = False
 
-    def __init__(self, policy: HFPolicy, config: TrainConfig, *, critic: ValueModel | None = None,
+    def __init__(self, policy: HFPolicy, settings: BackendSettings, *, critic: ValueModel | None = None,
                  critic_learning_rate: float | None = None, critic_warmup_steps: int = 0,
                  with_reference: bool = False) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        on_gpu = torch.device(resolve_device(config.run.device)).type == "cuda"
-        init_process_group(on_gpu, timeout_s=config.run.collective_timeout_s)
+        on_gpu = torch.device(resolve_device(settings.device)).type == "cuda"
+        init_process_group(on_gpu, timeout_s=settings.collective_timeout_s)
         device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self._join(device)
         self._mesh = init_device_mesh(device.type, (self._world,))
-        self._reshard = bool(config.backend.reshard_after_forward)
+        self._reshard = bool(settings.options.reshard_after_forward)
         policy.to(device)
         # Copied before the policy is sharded; a LoRA policy's reference is its base (adapters off), no copy.
         reference = None
         if with_reference and not policy.has_adapters:
-            reference = frozen_copy(policy, training_dtype(config.run.dtype, device))
+            reference = frozen_copy(policy, training_dtype(settings.dtype, device))
         self._roots = self._shard(policy.model, policy.value_head)
         if critic is not None:
             self._shard(critic.to(device).backbone, critic.value_head)
         # The reference runs no backward pass: its root is sharded again after each forward too.
         self._reference_roots = [] if reference is None else self._shard(reference.model, reference.value_head, True)
-        super().__init__(policy, config, critic=critic, critic_learning_rate=critic_learning_rate,
+        super().__init__(policy, settings, critic=critic, critic_learning_rate=critic_learning_rate,
                          critic_warmup_steps=critic_warmup_steps)
         self.reference, self._with_reference = reference, with_reference
         self._supervised_loss = 0.0  # a warm-start step's loss so far, to check that every rank has the same
@@ -217,7 +218,7 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
         import math
 
         params = [p for p in trainable(params) if p.grad is not None]
-        limit = self.config.optim.max_grad_norm if self.config.optim.max_grad_norm > 0 else math.inf
+        limit = self.settings.optim.max_grad_norm if self.settings.optim.max_grad_norm > 0 else math.inf
         norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()

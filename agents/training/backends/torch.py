@@ -15,6 +15,7 @@ from agents.rollout.batch import TrainBatch
 from agents.training.backends.base import TrainingBackend, register_backend, split_micro_batches, training_dtype
 from agents.training.backends.models import frozen_copy, trainable, trained_models
 from agents.training.backends.schedules import optimizer_settings, restore_optimizer_settings, warmup_schedule
+from agents.training.backends.settings import BackendSettings
 from agents.training.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -61,8 +62,8 @@ class TorchBackend(TrainingBackend):
 
     Args:
         policy: the policy to train (already on its device).
-        config: the run's config: the ``optim`` group, ``rollout.temperature`` (log-probs are taken at the
-            sampling temperature), ``run.steps`` (a warm-up given as a ratio) and ``run.dtype``.
+        settings: what it reads of the run's config (:class:`~agents.training.backends.settings.BackendSettings`:
+            the ``optim`` group, the sampling temperature, the precision, the run's steps).
         critic: a separate value model (PPO without a value head), trained by its own AdamW.
         critic_learning_rate: the critic's learning rate (default: the policy's).
         critic_warmup_steps: training steps of the critic's own linear warm-up.
@@ -74,7 +75,7 @@ class TorchBackend(TrainingBackend):
     def __init__(
         self,
         policy: HFPolicy,
-        config: TrainConfig,
+        settings: BackendSettings,
         *,
         critic: ValueModel | None = None,
         critic_learning_rate: float | None = None,
@@ -84,11 +85,11 @@ class TorchBackend(TrainingBackend):
         super().__init__()
         self.policy = policy
         self.critic = critic
-        self.config = config
-        optim = config.optim
-        self.dtype = training_dtype(config.run.dtype, self.device)
+        self.settings = settings
+        optim = settings.optim
+        self.dtype = training_dtype(settings.dtype, self.device)
         self.optimizer = self._adamw(policy.parameters(), optim.learning_rate)
-        policy_warmup = warmup_steps(optim.warmup_steps, optim.warmup_ratio, config.run.steps)
+        policy_warmup = warmup_steps(optim.warmup_steps, optim.warmup_ratio, settings.steps)
         self.scheduler = warmup_schedule(self.optimizer, policy_warmup)
         self.critic_optimizer = self.critic_scheduler = None
         if critic is not None:
@@ -109,10 +110,10 @@ class TorchBackend(TrainingBackend):
     def from_config(cls, config: TrainConfig, policy: HFPolicy, algorithm: Algorithm) -> TorchBackend:
         """A separate critic (PPO without a value head) starts as a copy of the policy's model
         (:func:`~agents.training.backends.models.trained_models`)."""
-        return cls(policy, config, **trained_models(config, policy, algorithm).options())
+        return cls(policy, BackendSettings.of(config), **trained_models(config, policy, algorithm).options())
 
     def _adamw(self, params: Any, lr: float) -> torch.optim.AdamW:
-        optim = self.config.optim
+        optim = self.settings.optim
         return torch.optim.AdamW(trainable(params), lr=lr, betas=tuple(optim.adam_betas), weight_decay=optim.weight_decay)
 
     def _precision(self) -> Any:
@@ -137,7 +138,7 @@ class TorchBackend(TrainingBackend):
         with self._precision():
             out = self.policy.forward(
                 batch.input_ids, batch.attention_mask, batch.position_ids,
-                temperature=self.config.rollout.temperature, with_entropy=with_entropy, with_values=head_values,
+                temperature=self.settings.temperature, with_entropy=with_entropy, with_values=head_values,
                 from_column=batch.first_trained_column,
             )
             if with_values and self.critic is not None:
@@ -149,7 +150,7 @@ class TorchBackend(TrainingBackend):
         if not self._with_reference:
             raise RuntimeError("this backend keeps no reference policy (with_reference=False)")
         args = (batch.input_ids, batch.attention_mask, batch.position_ids)
-        options = {"temperature": self.config.rollout.temperature, "from_column": batch.first_trained_column}
+        options = {"temperature": self.settings.temperature, "from_column": batch.first_trained_column}
         if self.reference is not None:
             with self._precision():
                 return self.reference.forward(*args, **options).logprobs
@@ -177,7 +178,7 @@ class TorchBackend(TrainingBackend):
         self.reference = frozen_copy(self.policy, self.dtype)
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        return split_micro_batches(batch, self.config.optim.micro_batch_size)
+        return split_micro_batches(batch, self.settings.optim.micro_batch_size)
 
     # -- optimisation ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -217,7 +218,7 @@ class TorchBackend(TrainingBackend):
 
     def _apply(self, params: Any, optimizer: torch.optim.Optimizer) -> float:
         params = trainable(params)
-        limit = self.config.optim.max_grad_norm if self.config.optim.max_grad_norm > 0 else math.inf
+        limit = self.settings.optim.max_grad_norm if self.settings.optim.max_grad_norm > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
         if math.isfinite(norm):
             optimizer.step()

@@ -151,3 +151,17 @@ def test_a_lora_bases_load_dtype_is_the_backends_choice(fake_backend, monkeypatc
         assert policy_load_dtype(lora.updated({"run.backend": backend})) == torch.float32, backend
     monkeypatch.setattr(fake_backend, "frozen_base_in_run_dtype", True)
     assert policy_load_dtype(lora.updated({"run.backend": "fake"})) == torch.bfloat16
+
+
+def test_a_backend_is_given_the_settings_it_reads_and_no_other_group():
+    from agents.training.backends import BackendSettings
+    from agents.training.config import TrainConfig
+
+    config = TrainConfig("grpo").updated({"optim.learning_rate": 0.5, "rollout.temperature": 0.7, "run.dtype": "fp32",
+                                          "run.steps": 9, "run.collective_timeout_s": 60.0, "warm_start.copy_steps": 3})
+    settings = BackendSettings.of(config)
+    assert (settings.optim, settings.options) == (config.optim, config.backend) and settings.optim.learning_rate == 0.5
+    assert (settings.temperature, settings.dtype, settings.steps, settings.device, settings.collective_timeout_s,
+            settings.warm_starts) == (0.7, "fp32", 9, "auto", 60.0, True)
+    assert not BackendSettings.of(config.updated({"warm_start.copy_steps": 0})).warm_starts
+    assert BackendSettings.of(config.updated({"env.max_turns": 2, "eval.every": 3})) == settings

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
 from agents.policies.policy import HFPolicy  # noqa: E402
-from agents.training.backends import BACKEND_FILE, TorchBackend  # noqa: E402
+from agents.training.backends import BACKEND_FILE, BackendSettings, TorchBackend  # noqa: E402
 from agents.training.checkpoint import load_checkpoint, load_run, save_checkpoint, save_run  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 
@@ -28,7 +28,7 @@ FLAGS = ["--run.steps", "2", "--run.stop_after", "1", "--rollout.questions_per_s
 
 
 def backend(hidden: int = 32, seed: int = 0) -> TorchBackend:
-    return TorchBackend(HFPolicy(tiny_causal_lm(4096, layers=1, hidden=hidden, heads=2, seed=seed), None), TrainConfig())
+    return TorchBackend(HFPolicy(tiny_causal_lm(4096, layers=1, hidden=hidden, heads=2, seed=seed), None), BackendSettings.of(TrainConfig()))
 
 
 def flip_middle_byte(path: Path) -> None:

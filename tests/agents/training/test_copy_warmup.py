@@ -8,7 +8,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.training.backends import TorchBackend  # noqa: E402
+from agents.training.backends import BackendSettings, TorchBackend  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.copy_warmup import copy_batch, copy_warmup  # noqa: E402
 from agents.policies.loading import tiny_causal_lm  # noqa: E402
@@ -27,7 +27,7 @@ class BareLM(torch.nn.Module):
 
 def backend_of(model) -> TorchBackend:
     """A torch backend training ``model``, without gradient clipping."""
-    return TorchBackend(BareLM(model), TrainConfig().updated({"optim.max_grad_norm": 0.0}))
+    return TorchBackend(BareLM(model), BackendSettings.of(TrainConfig().updated({"optim.max_grad_norm": 0.0})))
 
 
 def test_a_copy_batch_repeats_one_string_of_pool_ids_per_row():
@@ -71,11 +71,11 @@ def test_the_warm_start_runs_it_first_on_the_demonstrations_ids():
     policy = HFPolicy(tiny_causal_lm(env.codec.vocab_size, layers=1, hidden=32, heads=2, seed=0), env.codec)
     config = TrainConfig().updated({"warm_start.steps": 2, "warm_start.copy_steps": 3, "warm_start.examples": 8,
                                     "warm_start.learning_rate": 1e-3, "warm_start.batch_size": 4, "run.progress": False})
-    result = warm_start(TorchBackend(policy, config), config, env)
+    result = warm_start(TorchBackend(policy, BackendSettings.of(config)), config, env)
     assert len(result.copy_losses) == 3 and len(result.losses) == 2
     assert result.as_dict()["warm_start/copy_loss_last"] == result.copy_losses[-1]
     config = config.updated({"warm_start.steps": 1, "warm_start.copy_steps": 0, "warm_start.examples": 4})
-    assert warm_start(TorchBackend(policy, config), config, env).copy_losses == []
+    assert warm_start(TorchBackend(policy, BackendSettings.of(config)), config, env).copy_losses == []
 
 
 def test_bad_input():

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.backends.deepspeed_setup import deepspeed_config  # noqa: E402
+from agents.training.backends.settings import BackendSettings  # noqa: E402
 from agents.training.backends.distributed import check_world  # noqa: E402
 from tests.agents.training.torchrun import ROOT, equivalence_run, rank_env, train_run  # noqa: E402
 
@@ -154,19 +155,19 @@ def test_a_world_size_that_does_not_divide_the_questions_is_one_line():
 def test_the_engine_config_is_derived_and_overridden_by_the_json_file(tmp_path):
     config = TrainConfig("grpo").updated({"optim.micro_batch_size": 4, "optim.max_grad_norm": 0.5, "run.backend": "deepspeed",
                                           "backend.zero_stage": 3})
-    derived = deepspeed_config(config, 2, on_gpu=False, bf16_ok=False, hidden_size=64)
+    derived = deepspeed_config(BackendSettings.of(config), 2, on_gpu=False, bf16_ok=False, hidden_size=64)
     assert derived["train_micro_batch_size_per_gpu"] == 4 and derived["train_batch_size"] == 8
     assert derived["gradient_clipping"] == 0.5 and derived["zero_optimization"]["stage"] == 3
     assert derived["bf16"] == {"enabled": False} and derived["managed_gradient_accumulation"] is False
-    assert deepspeed_config(config, 2, on_gpu=True, bf16_ok=True)["bf16"] == {"enabled": True}
+    assert deepspeed_config(BackendSettings.of(config), 2, on_gpu=True, bf16_ok=True)["bf16"] == {"enabled": True}
     overrides = tmp_path / "ds.json"
     overrides.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1000}, "steps_per_print": 5}))
-    merged = deepspeed_config(config.updated({"backend.config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
+    merged = deepspeed_config(BackendSettings.of(config.updated({"backend.config": str(overrides)})), 2, on_gpu=False, bf16_ok=False)
     assert merged["zero_optimization"]["reduce_bucket_size"] == 1000 and merged["zero_optimization"]["stage"] == 3
     assert merged["steps_per_print"] == 5
     overrides.write_text(json.dumps({"gradient_clipping": "auto"}))
     with pytest.raises(ValueError, match="leaves gradient_clipping as \"auto\""):
-        deepspeed_config(config.updated({"backend.config": str(overrides)}), 2, on_gpu=False, bf16_ok=False)
+        deepspeed_config(BackendSettings.of(config.updated({"backend.config": str(overrides)})), 2, on_gpu=False, bf16_ok=False)
 
 
 def test_a_zero_stage_other_than_2_or_3_is_one_line():

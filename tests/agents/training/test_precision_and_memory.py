@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from agents.policies.config import ModelConfig  # noqa: E402
 from agents.policies.loading import load_policy  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
-from agents.training.backends import TorchBackend, training_dtype  # noqa: E402
+from agents.training.backends import BackendSettings, TorchBackend, training_dtype  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
@@ -193,7 +193,7 @@ def test_a_backend_built_by_hand_rebuilds_its_reference_from_its_own_policy(tmp_
     backend built around the same initial policy restores the trained policy with that reference."""
     config = small_config("grpo", tmp_path, SMALL)
     policy = load_policy(config.model)
-    backend = TorchBackend(policy, config, with_reference=True)
+    backend = TorchBackend(policy, BackendSettings.of(config), with_reference=True)
     batch = probe_batch(policy.vocab_size)
     backend.train()
     loss = -(backend.forward(batch).logprobs * batch.trained_mask).sum()
@@ -201,7 +201,7 @@ def test_a_backend_built_by_hand_rebuilds_its_reference_from_its_own_policy(tmp_
     backend.step()
     backend.save(tmp_path)
     assert "reference" not in load_checkpoint(tmp_path / "backend.pt")
-    other = TorchBackend(load_policy(config.model), config, with_reference=True)
+    other = TorchBackend(load_policy(config.model), BackendSettings.of(config), with_reference=True)
     other.load(tmp_path)
     assert torch.equal(other.forward(batch).logprobs, backend.forward(batch).logprobs)
     assert torch.equal(other.reference_logprobs(batch), backend.reference_logprobs(batch))

@@ -16,7 +16,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.training.backends import TorchBackend  # noqa: E402
+from agents.training.backends import BackendSettings, TorchBackend  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
 from agents.training.checkpoint import capture_rng, load_checkpoint, load_run, restore_rng, save_checkpoint, save_run  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
@@ -64,7 +64,7 @@ def optim_config(**optim) -> TrainConfig:
 
 
 def test_warmup_is_linear_then_constant():
-    backend = TorchBackend(tiny_policy(), optim_config(learning_rate=0.1, warmup_steps=4))
+    backend = TorchBackend(tiny_policy(), BackendSettings.of(optim_config(learning_rate=0.1, warmup_steps=4)))
     rates = []
     for _ in range(5):
         rates.append(backend.learning_rate)
@@ -77,8 +77,8 @@ def test_warmup_is_linear_then_constant():
 def test_micro_batches_accumulate_to_the_full_batch_step():
     batch = hand_batch(rows=4)
     policy = tiny_policy()
-    whole = TorchBackend(policy, optim_config(learning_rate=1e-2, micro_batch_size=4, max_grad_norm=0.0))
-    split = TorchBackend(copy.deepcopy(policy), optim_config(learning_rate=1e-2, micro_batch_size=1, max_grad_norm=0.0))
+    whole = TorchBackend(policy, BackendSettings.of(optim_config(learning_rate=1e-2, micro_batch_size=4, max_grad_norm=0.0)))
+    split = TorchBackend(copy.deepcopy(policy), BackendSettings.of(optim_config(learning_rate=1e-2, micro_batch_size=1, max_grad_norm=0.0)))
     assert [len(mb) for mb in split.micro_batches(batch)] == [1, 1, 1, 1]
     norm_whole, norm_split = nll_step(whole, batch), nll_step(split, batch)
     # The norm catches a rescaled accumulation (Adam's step alone would not: it is scale-invariant).
@@ -89,7 +89,7 @@ def test_micro_batches_accumulate_to_the_full_batch_step():
 
 def test_step_reports_the_gradient_norm_before_clipping_and_skips_non_finite_ones():
     batch = hand_batch()
-    backend = TorchBackend(tiny_policy(), optim_config(learning_rate=1e-2, max_grad_norm=1e-3))
+    backend = TorchBackend(tiny_policy(), BackendSettings.of(optim_config(learning_rate=1e-2, max_grad_norm=1e-3)))
     tokens = batch.trained_mask.sum()
     loss = -(backend.forward(batch).logprobs * batch.trained_mask).sum() / tokens
     backend.backward(loss)
@@ -106,7 +106,7 @@ def test_step_reports_the_gradient_norm_before_clipping_and_skips_non_finite_one
 def test_reference_stays_frozen_and_state_round_trips_with_a_separate_critic():
     policy = tiny_policy()
     critic = ValueModel(copy.deepcopy(policy.model))
-    backend = TorchBackend(policy, optim_config(learning_rate=1e-2, warmup_steps=3), critic=critic,
+    backend = TorchBackend(policy, BackendSettings.of(optim_config(learning_rate=1e-2, warmup_steps=3)), critic=critic,
                            critic_learning_rate=1e-3, with_reference=True)
     batch = hand_batch()
     reference_before = backend.reference_logprobs(batch)
@@ -172,7 +172,7 @@ def test_a_run_checkpoint_names_its_backend_folder_and_resumes_exactly(tmp_path,
         nll_step(backend, hand_batch(seed=seed))
         backend.finish_step()
 
-    backend = TorchBackend(tiny_policy(), config)
+    backend = TorchBackend(tiny_policy(), BackendSettings.of(config))
     train_step(backend, 0)
     save_run(path, 1, {"step": 1, "data": {"epoch": 0, "offset": 4}}, backend)
     assert load_checkpoint(path)["backend_dir"] == "checkpoints/step-1"
@@ -180,7 +180,7 @@ def test_a_run_checkpoint_names_its_backend_folder_and_resumes_exactly(tmp_path,
     train_step(backend, 1)
     expected = copy.deepcopy(backend.state_dict())
 
-    resumed = TorchBackend(tiny_policy(seed=1), config)  # other weights, fresh optimiser and schedule
+    resumed = TorchBackend(tiny_policy(seed=1), BackendSettings.of(config))  # other weights, fresh optimiser and schedule
     assert load_run(path, resumed) == {"step": 1, "data": {"epoch": 0, "offset": 4}}
     train_step(resumed, 1)
     got = resumed.state_dict()
@@ -202,7 +202,7 @@ def test_a_run_checkpoint_names_its_backend_folder_and_resumes_exactly(tmp_path,
     monkeypatch.setattr(resumed, "save", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
         save_run(path, 3, {"step": 3}, resumed)
-    assert load_run(path, TorchBackend(tiny_policy(seed=2), config)) == {"step": 2}  # the last complete one
+    assert load_run(path, TorchBackend(tiny_policy(seed=2), BackendSettings.of(config))) == {"step": 2}  # the last complete one
 
 
 def test_random_state_is_restored_through_a_checkpoint_file(tmp_path):

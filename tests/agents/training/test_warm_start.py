@@ -9,7 +9,7 @@ from tests.conftest import skip_without
 skip_without("agents", "torch", "transformers")
 import torch  # noqa: E402
 
-from agents.training.backends import TorchBackend  # noqa: E402
+from agents.training.backends import BackendSettings, TorchBackend  # noqa: E402
 from agents.training.backends.schedules import warmup_cosine  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.scripted.demonstrations import make_demonstrations  # noqa: E402
@@ -35,7 +35,7 @@ def _config(**changes) -> TrainConfig:
 
 
 def _warm_start(policy, config, env):
-    return warm_start(TorchBackend(policy, config), config, env)
+    return warm_start(TorchBackend(policy, BackendSettings.of(config)), config, env)
 
 
 def test_loss_is_the_mean_negative_log_prob_of_trained_tokens():
@@ -107,7 +107,7 @@ def test_warm_start_runs_on_its_own_thread_count_then_restores_the_process_s(env
     seen = []
     config = _config(**{"warm_start.steps": 2, "warm_start.examples": 4, "warm_start.batch_size": 2,
                         "warm_start.num_threads": 2})
-    backend = TorchBackend(_policy(env), config)
+    backend = TorchBackend(_policy(env), BackendSettings.of(config))
     step = backend.step
     monkeypatch.setattr(backend, "step", lambda: (seen.append(torch.get_num_threads()), step())[1])
     assert torch.get_num_threads() == 1  # the suite's
@@ -129,7 +129,7 @@ def test_unset_threads_follow_the_free_cores_and_leave_the_numbers_as_one_thread
         monkeypatch.setattr(cpu_threads.FollowFreeCores.__init__, "__defaults__", (0.0,))
         config = _config(**{"warm_start.steps": 4, "warm_start.examples": 8, "warm_start.batch_size": 4,
                             "warm_start.num_threads": threads})
-        backend = TorchBackend(_policy(env, seed=3), config)
+        backend = TorchBackend(_policy(env, seed=3), BackendSettings.of(config))
         seen: list[int] = []
         step = backend.step
         monkeypatch.setattr(backend, "step", lambda: (seen.append(torch.get_num_threads()), step())[1])
@@ -175,10 +175,10 @@ def test_a_checkpointed_warm_start_goes_on_to_the_same_weights(env):
     and losses of an uninterrupted one, without a second copy warm-up."""
     config = _config(**{"warm_start.steps": 5, "warm_start.examples": 8, "warm_start.batch_size": 4,
                         "warm_start.save_every": 2, "warm_start.copy_steps": 3})
-    whole = TorchBackend(_policy(env), config)
+    whole = TorchBackend(_policy(env), BackendSettings.of(config))
     expected = warm_start(whole, config, env)
 
-    stopped = TorchBackend(_policy(env), config)
+    stopped = TorchBackend(_policy(env), BackendSettings.of(config))
     step, calls, saved = stopped.step, [], []
 
     def interrupted_step():
@@ -192,7 +192,7 @@ def test_a_checkpointed_warm_start_goes_on_to_the_same_weights(env):
         warm_start(stopped, config, env, save=lambda progress: saved.append((progress, copy.deepcopy(stopped.state_dict()))))
     assert [progress.step for progress, _ in saved] == [2]  # none after the last step
     progress, state = saved[0]
-    resumed = TorchBackend(_policy(env, seed=1), config)
+    resumed = TorchBackend(_policy(env, seed=1), BackendSettings.of(config))
     resumed.load_state_dict(state)
     copy_steps = []
     resumed_step = resumed.step
