@@ -190,8 +190,11 @@ def _plain_help(parser: Any, classes: dict[str, type]) -> None:
     """``--help`` as a terminal shows it: each group titled with the whole first paragraph of its class's
     docstring (jsonargparse takes its first line, which may stop mid-sentence), and the titles and the
     options' help without Sphinx markup (:func:`plain_text`). The docstrings themselves keep it, for the
-    API documentation."""
+    API documentation. A setting a resume may change ends with its note, read from its field's metadata
+    (:func:`agents.training.resume.declared_free`)."""
     import inspect
+
+    from agents.training.resume import FREE_NOTE, declared_free
 
     for group in parser._action_groups:
         group_class = classes.get(getattr(group, "dest", None))
@@ -200,6 +203,9 @@ def _plain_help(parser: Any, classes: dict[str, type]) -> None:
         if group.title:
             group.title = plain_text(group.title)
     for action in parser._actions:
+        group_name, _, field_name = action.dest.partition(".")
+        if group_name in classes and declared_free(classes[group_name], field_name):
+            action.help = f"{action.help or ''} {FREE_NOTE}".lstrip()
         if isinstance(action.help, str):
             action.help = plain_text(action.help)
 

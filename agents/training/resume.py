@@ -15,17 +15,12 @@ backend's folder (:mod:`agents.training.checkpoint` checks every file's length a
 
 Free settings change how a run is watched, paced and stored, never what a step computes; each is
 declared at its field with ``metadata=RESUME_FREE`` (``{"resume_free": True}``) in its group's class, an
-algorithm's or a rollout engine's or backend's options too, and :func:`free_settings` collects them. They
-are ``run.steps`` (unless a warm-up is a share of it), ``run.stop_after``, ``run.save_every``,
-``run.log_every``, ``run.progress``, ``run.resume``, ``run.report_to``, ``run.output_dir`` (a moved run),
-``run.log_entropy``, ``run.allow_changes``, ``run.overwrite``, ``run.print_every``, ``run.sample_every``,
-``run.warn_failed_searches``, ``warm_start.save_every``, ``optim.max_skipped_updates`` (when a diverged
-run stops), ``eval.every``, ``eval.by_hops``, ``eval.periodic_sampled``, ``rollout.env_worker`` (the
-worker steps the same episodes), ``run.gradient_checkpointing`` (a recomputation gives the same
-gradients) and ``run.collective_timeout_s`` (how long a rank waits for the others). Everything else - the
-seed, data, protocol and reward, model, algorithm and its maths,
-optimiser, warm start, held-out questions, device, backend and thread count (which change
-floating-point results) - is the run's meaning.
+algorithm's or a rollout engine's or backend's options too. No list of them is kept by hand:
+:func:`free_settings` collects them for a config, and ``python -m agents.train --help`` ends the help of
+each with :data:`FREE_NOTE` (:func:`declared_free`). ``run.steps`` is free unless a warm-up is a share of
+it. Everything else - the seed, data, protocol and reward, model, algorithm and its maths, optimiser, the
+warm start's training, held-out questions, device, backend and thread count (which change floating-point
+results) - is the run's meaning.
 """
 from __future__ import annotations
 
@@ -41,10 +36,22 @@ from agents.training.config import CHOSEN_GROUPS, GROUPS, TrainConfig
 from agents.training.run_files import RunFiles
 from search_env.files import write_atomically
 
-__all__ = ["check_settings", "drop_torn_tail", "free_settings", "record_resume", "settings_changes"]
+__all__ = ["FREE_NOTE", "check_settings", "declared_free", "drop_torn_tail", "free_settings", "record_resume",
+           "settings_changes"]
 
 _ABSENT = "<absent>"
 _FREE = "resume_free"  #: the key of :data:`agents.training.config.RESUME_FREE`
+
+FREE_NOTE = "(a resume may change it)"
+"""What ``python -m agents.train --help`` adds to the help of each setting declared free, so that a reader
+learns which settings a resume takes without being told from the fields themselves."""
+
+
+def declared_free(group_class: type, field_name: str) -> bool:
+    """Whether the group class ``group_class`` declares its field ``field_name`` with
+    ``metadata=RESUME_FREE``: the fields :func:`free_settings` collects and ``--help`` marks."""
+    fields = {f.name: f for f in dataclasses.fields(group_class)} if dataclasses.is_dataclass(group_class) else {}
+    return field_name in fields and bool(fields[field_name].metadata.get(_FREE))
 
 
 def free_settings(config: TrainConfig) -> frozenset[str]:
@@ -55,7 +62,7 @@ def free_settings(config: TrainConfig) -> frozenset[str]:
     for group in dataclasses.fields(config):
         options = getattr(config, group.name)
         if dataclasses.is_dataclass(options):
-            free.update(f"{group.name}.{f.name}" for f in dataclasses.fields(options) if f.metadata.get(_FREE))
+            free.update(f"{group.name}.{f.name}" for f in dataclasses.fields(options) if declared_free(type(options), f.name))
     if config.optim.warmup_ratio > 0 or getattr(config.algorithm, "critic_warmup_ratio", 0) > 0:
         free.discard("run.steps")
     return frozenset(free)
