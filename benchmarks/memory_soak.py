@@ -94,7 +94,7 @@ class Sampler(Callback):
         step = trainer.step
         if step != 1 and step % self.every and step != self.steps:
             return
-        worker = trainer._worker
+        worker = trainer.rollout_driver.worker
         trainer_rss, trainer_uss = memory_of(os.getpid())
         worker_rss, worker_uss = memory_of(worker._process.pid) if worker is not None else (float("nan"),) * 2
         counts = object_counts([*self.counts.values(), *self.samples, self.counts, self.samples])

@@ -25,7 +25,7 @@ from search_env.data.example import QAExample
 from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
 
-__all__ = ["Chunk", "RolloutAgent", "StreamingRolloutAgent", "turn_stop_strings"]
+__all__ = ["Chunk", "RolloutAgent", "SamplingParams", "StreamingRolloutAgent", "turn_stop_strings"]
 
 
 def turn_stop_strings(protocol: Dialect) -> tuple[str, ...]:
@@ -37,6 +37,44 @@ def turn_stop_strings(protocol: Dialect) -> tuple[str, ...]:
     tag would put the agent's next tokens before the error text it never saw.
     """
     return tuple(dict.fromkeys((*protocol.stop_strings, protocol.answer_close)))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a decoding agent samples: one value, checked once, that the HF sampler and the vLLM agents share
+    (each of them carried and checked its own copy before).
+
+    Attributes:
+        temperature: softmax temperature (> 0); the recorded log-probs are of this tempered distribution.
+        top_p: nucleus sampling, in (0, 1] (1.0: off).
+        greedy: take the most likely id instead of sampling.
+        seed: the rollout's seed: each episode draws from a stream keyed by it and the episode's index.
+        first_row: the index of the agent's first episode in the rollout's whole batch (>= 0; on a
+            data-parallel rank, where the rank's share starts).
+
+    Raises:
+        ValueError: one line, for a temperature, top-p or first row out of range.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    seed: int = 0
+    first_row: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy=True for greedy decoding), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.first_row < 0:
+            raise ValueError(f"first_row must be >= 0, got {self.first_row}")
+        for name, kind in (("temperature", float), ("top_p", float), ("greedy", bool), ("seed", int), ("first_row", int)):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
+    def requested(self) -> tuple[float, float]:
+        """The (temperature, top-p) a vLLM request carries: (0, 1) for greedy decoding (vLLM's greedy sampler)."""
+        return (0.0, 1.0) if self.greedy else (self.temperature, self.top_p)
 
 
 @dataclass(frozen=True)

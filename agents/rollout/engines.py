@@ -1,9 +1,10 @@
 """Rollout engines: what plays the episodes, for training (``rollout.engine``) and ``benchmarks.evaluate`` alike.
 
 An engine makes the agent of each rollout (:mod:`agents.rollout.agent`) and, when it holds its own copy of
-the weights, takes the trained ones after each optimiser step. The trainer sees only
-:class:`RolloutEngine`; which engine runs is a registered name, so a new engine (SGLang, a remote
-server) is one file and one call::
+the weights, takes the trained ones after each optimiser step: such an engine (``vllm``, ``vllm-server``)
+also inherits :class:`~agents.rollout.engine_weights.EngineWithWeights`, which names what the trainer's sync
+check and rollouts ahead read of it. The trainer sees only :class:`RolloutEngine`; which engine runs is a
+registered name, so a new engine (SGLang, a remote server) is one file and one call::
 
     @dataclass
     class MyEngineOptions:           # the run config's ``engine`` group: --engine.FIELD

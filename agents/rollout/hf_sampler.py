@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agents.rollout.agent import Chunk, turn_stop_strings
+from agents.rollout.agent import Chunk, SamplingParams, turn_stop_strings
 from agents.policies.policy import HFPolicy
 from search_env.data.example import QAExample
 from search_env.protocols import Dialect
@@ -250,16 +250,10 @@ class HFSampler:
 
     def __init__(self, policy: HFPolicy, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, seed: int = 0,
                  first_row: int = 0) -> None:
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use greedy=True for greedy decoding), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-        if first_row < 0:
-            raise ValueError(f"first_row must be >= 0, got {first_row}")
+        #: How it samples (checked there).
+        self.sampling = SamplingParams(temperature, top_p, greedy, seed, first_row)
         self.policy, self.model, self.codec = policy, policy.model, policy.codec
-        self.temperature, self.top_p, self.greedy = float(temperature), float(top_p), greedy
         self.device = next(policy.model.parameters()).device
-        self.seed = seed
         self._next_row = first_row  # the rollout index of the next begin()'s first row
         self._pad = self.codec.pad_id
         self._eos = torch.zeros(self.codec.vocab_size, dtype=torch.bool, device=self.device)
@@ -284,7 +278,7 @@ class HFSampler:
         self._turn_bytes = [b""] * n  # the last bytes the row wrote since the environment last spoke
         self._finished: set[int] = set()
         self._contexts: dict[int, list[int]] = {}
-        self._keys = torch.tensor(row_keys(self.seed, self._next_row, n), dtype=torch.long, device=self.device)
+        self._keys = torch.tensor(row_keys(self.sampling.seed, self._next_row, n), dtype=torch.long, device=self.device)
         self._draws = torch.zeros(n, dtype=torch.long, device=self.device)  # numbers each row's stream gave so far
         self._next_row += n
         empty = torch.zeros((n, 0), dtype=torch.long, device=self.device)
@@ -405,17 +399,18 @@ class HFSampler:
 
         Sampling inverts the cumulative distribution with one uniform number per row (``multinomial``
         draws an exponential variate per vocabulary entry, many times slower on a CPU)."""
-        logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        if self.greedy:
+        sampling = self.sampling
+        logp = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+        if sampling.greedy:
             ids = logp.argmax(-1)
         else:
             probs = logp.exp()
-            if self.top_p < 1:
+            if sampling.top_p < 1:
                 ranked, order = probs.sort(dim=-1, descending=True)
                 # Keep the most likely ids until their mass reaches top_p (always at least one). The
                 # distribution stays in id order: sorted, ids of nearly equal probability would swap
                 # places at a rounding difference of the logits and take each other's samples.
-                dropped = ranked.cumsum(-1) - ranked >= self.top_p
+                dropped = ranked.cumsum(-1) - ranked >= sampling.top_p
                 probs = probs.masked_fill(torch.empty_like(dropped).scatter_(-1, order, dropped), 0.0)
             cdf = probs.cumsum(-1)
             u = uniforms(self._keys[rows], draws)[:, None] * cdf[:, -1:]

@@ -14,7 +14,7 @@ trainer scores it with the policy (:func:`policy_logprobs`, temperature 1, in ev
 the engine, the sync number and the gap (or warns in one line, or is off).
 
 An engine of any kind is checked with one call: anything with ``logprobs(sequences)`` (and, for
-:meth:`SyncCheck.follow`, a ``syncs`` counter)::
+:meth:`SyncCheck.follow`, a ``syncs`` counter: an :class:`~agents.rollout.engine_weights.EngineWithWeights`)::
 
     check = SyncCheck(probe, trainer_scores, engine_name="vllm-server", tolerance=default_tolerance("float32", "float32"))
     gap = check(engine, sync=engine.syncs)          # after a sync: the gap, or raises / warns
@@ -31,6 +31,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from agents.rollout.engine_weights import EngineWithWeights
 from search_env.env import prompt_text
 
 __all__ = ["BF16_TOLERANCE", "FP32_TOLERANCE", "SYNC_CHECK_MODES", "ScoresSequences", "StaleEngineError", "SyncCheck",
@@ -191,11 +192,11 @@ class SyncCheck:
             self.say(f"warning: {line}")
         return gap
 
-    def follow(self, engine: ScoresSequences, reference: list[list[float]] | None = None) -> float | None:
+    def follow(self, engine: EngineWithWeights, reference: list[list[float]] | None = None) -> float | None:
         """Check ``engine`` if it synced since the last check (its ``syncs`` counter went up): the gap, or
         ``None`` when there was nothing to check (``reference``: as for a call). The trainer calls it wherever
         an engine may just have synced."""
-        syncs = int(getattr(engine, "syncs"))
+        syncs = int(engine.syncs)
         if syncs == self._checked_syncs or self.mode == "off":
             return None
         self._checked_syncs = syncs

@@ -56,7 +56,8 @@ import numpy as np
 import torch
 
 from agents.policies.policy import HFPolicy
-from agents.rollout.agent import Chunk, turn_stop_strings
+from agents.rollout.agent import Chunk, SamplingParams, turn_stop_strings
+from agents.rollout.engine_weights import EngineWithWeights
 from agents.rollout.engines import EngineSetup, register_engine
 from agents.rollout.vllm_folder import write_model_folder
 from search_env.data.example import QAExample
@@ -143,10 +144,11 @@ def _lora_rank_slot(policy: HFPolicy) -> int:
     return min(slot for slot in slots if slot >= rank)
 
 
-class VLLMEngine:
+class VLLMEngine(EngineWithWeights):
     """A vLLM engine over ``policy``'s weights, kept in step with them: a
     :class:`~agents.rollout.engines.RolloutEngine` whose log-probs are its own (not the trainer's) and
-    whose copy of the weights follows the backend's optimiser steps (:meth:`attach`).
+    whose copy of the weights follows the backend's optimiser steps (:meth:`attach`), an
+    :class:`~agents.rollout.engine_weights.EngineWithWeights`.
 
     Args:
         policy: the trained policy; its LM and tokenizer are written to a temporary model folder that
@@ -379,14 +381,9 @@ class VLLMAgent:
 
     def __init__(self, engine: VLLMEngine, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                  seed: int = 0, first_row: int = 0) -> None:
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use greedy=True for greedy decoding), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-        if first_row < 0:
-            raise ValueError(f"first_row must be >= 0, got {first_row}")
+        #: How it samples (checked there; the HF sampler's kind of value).
+        self.sampling = SamplingParams(temperature, top_p, greedy, seed, first_row)
         self.engine, self.codec = engine, engine.codec
-        self.temperature, self.top_p, self.greedy, self.seed = float(temperature), float(top_p), greedy, int(seed)
         self._contexts: list[list[int]] = []
         self._turn = 0
         self._first_row = self._next_row = first_row  # the rollout index of this begin()'s first row, of the next's
@@ -401,13 +398,14 @@ class VLLMAgent:
 
     def request_seed(self, row: int) -> int:
         """The seed of ``row``'s request this turn: from ``seed``, the row's index in the rollout and the turn."""
-        state = np.random.SeedSequence([self.seed, self._first_row + row, self._turn]).generate_state(1)
+        state = np.random.SeedSequence([self.sampling.seed, self._first_row + row, self._turn]).generate_state(1)
         return int(state[0]) & 0x7FFFFFFF
 
     def _params(self, row: int, budget: int) -> Any:
         vllm = _import_vllm()
+        temperature, top_p = self.sampling.requested()
         return vllm.SamplingParams(
-            n=1, temperature=0.0 if self.greedy else self.temperature, top_p=1.0 if self.greedy else self.top_p,
+            n=1, temperature=temperature, top_p=top_p,
             max_tokens=budget, stop=self._stops, include_stop_str_in_output=True,
             stop_token_ids=sorted(self.codec.eos_ids), ignore_eos=True, logprobs=0,
             seed=self.request_seed(row),

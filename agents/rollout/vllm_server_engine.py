@@ -51,6 +51,7 @@ import torch
 
 from agents.policies.policy import HFPolicy
 from agents.rollout.agent import Chunk
+from agents.rollout.engine_weights import EngineWithWeights
 from agents.rollout.engines import EngineSetup, register_engine
 from agents.rollout.vllm_engine import CPU_KV_CACHE_GIB_MAX, VLLMAgent
 from agents.rollout.vllm_folder import write_model_folder
@@ -124,8 +125,9 @@ def _cleanup(replicas: list[Replica], folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-class VLLMServerEngine:
-    """vLLM servers over ``policy``'s weights, kept in step with them (module docstring).
+class VLLMServerEngine(EngineWithWeights):
+    """vLLM servers over ``policy``'s weights, kept in step with them (module docstring): an
+    :class:`~agents.rollout.engine_weights.EngineWithWeights`.
 
     Args:
         policy: the trained policy (written for launched servers by
@@ -385,9 +387,9 @@ class ServerAgent(VLLMAgent):
         self.weights_version = engine.version
 
     def _body(self, row: int, budget: int) -> dict[str, Any]:
+        temperature, top_p = self.sampling.requested()
         return {
-            "prompt": list(self._contexts[row]), "max_tokens": budget, "n": 1,
-            "temperature": 0.0 if self.greedy else self.temperature, "top_p": 1.0 if self.greedy else self.top_p,
+            "prompt": list(self._contexts[row]), "max_tokens": budget, "n": 1, "temperature": temperature, "top_p": top_p,
             "seed": self.request_seed(row), "stop": self._stops, "include_stop_str_in_output": True,
             "stop_token_ids": sorted(self.codec.eos_ids), "ignore_eos": True, "logprobs": 0, "return_token_ids": True,
             "skip_special_tokens": False, "spaces_between_special_tokens": False,

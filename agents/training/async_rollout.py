@@ -51,7 +51,6 @@ The threads are daemons besides, so a process that exits otherwise does not wait
 """
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 import time
@@ -62,11 +61,14 @@ import torch
 
 from agents.rollout.batch import TrainBatch
 from agents.rollout.collect import RolloutTimings
+from agents.rollout.engine_weights import EngineWithWeights, holds_own_weights
+from agents.rollout.engines import lookup_engine
 from search_env.trajectory import Span, ToolCall, Trajectory
 
-__all__ = ["AsyncRollouts", "DeferredSteps", "StepRollout", "WeightsSnapshot", "attach_engine"]
+__all__ = ["AsyncRollouts", "DeferredSteps", "StepRollout", "WeightsSnapshot", "attach_engine", "check_staleness_engine",
+           "staleness_refusal"]
 
-#: What rolling out one step gives (the trainer's ``_rollout_batch``): every episode, the batch, timings, rounds.
+#: What rolling out one step gives (``RolloutDriver.roll_out``): every episode, the batch, timings, rounds.
 RolloutParts = tuple[list[Trajectory], TrainBatch, RolloutTimings, int]
 
 
@@ -184,7 +186,7 @@ class AsyncRollouts:
     """The pipeline of the module docstring, ``max_staleness`` steps ahead.
 
     Args:
-        roll_out: the rollout of a step (the trainer's ``_rollout_batch``), run on a background thread for
+        roll_out: the rollout of a step (:meth:`~agents.training.rollout_driver.RolloutDriver.roll_out`), run on a background thread for
             the steps ahead, with the engine's weights already synced.
         ready: ``ready(step, snapshot)`` readies the engine for the rollout of ``step`` (the reward's step
             set, the weights synced when stale or from ``snapshot``, the sync checked): on the main thread
@@ -346,27 +348,39 @@ def attach_engine(engine: Any, backend: Any, *, max_staleness: int, steps: int, 
     log-probs of the sync check's probe now, kept with each snapshot).
 
     Raises:
-        ValueError: ``max_staleness`` 1 or more with an engine that decodes the trained policy itself (its
-            weights change under the rollout) or with several data-parallel ranks (their rollouts and updates
-            take collectives in step, which a rollout ahead would interleave); 2 or more with an engine whose
-            ``sync`` takes no ``weights`` (a snapshot).
+        ValueError: ``max_staleness`` 1 or more with an engine that holds no copy of the weights of its own
+            (no :class:`~agents.rollout.engine_weights.EngineWithWeights`: one that decodes the trained policy
+            itself sees its weights change under the rollout) or with several data-parallel ranks (their
+            rollouts and updates take collectives in step, which a rollout ahead would interleave).
     """
     if not max_staleness:
         engine.attach(backend)
         return None
-    if engine.decodes_trained_policy:
-        raise ValueError(f"rollout.max_staleness {max_staleness} needs an engine with its own copy of the weights "
-                         f"(vllm-server, vllm): {type(engine).__name__} decodes the policy being trained")
+    if not isinstance(engine, EngineWithWeights):
+        raise ValueError(staleness_refusal(max_staleness, type(engine)))
     if backend.world_size > 1:
         raise ValueError(f"rollout.max_staleness {max_staleness} runs on one process; got {backend.world_size} ranks")
-    if max_staleness > 1 and "weights" not in inspect.signature(engine.sync).parameters:
-        raise ValueError(f"rollout.max_staleness {max_staleness} needs an engine that syncs from a copy of the weights "
-                         f"(sync(weights=...): vllm-server, vllm): {type(engine).__name__} does not")
     deferred = DeferredSteps(backend)
     engine.attach(deferred)
-    adapters = bool(getattr(engine, "lora", False))
 
     def snapshot(version: int) -> WeightsSnapshot:
-        return WeightsSnapshot(backend.rollout_weights, version=version, adapters=adapters, reference=reference())
+        return WeightsSnapshot(backend.rollout_weights, version=version, adapters=engine.lora, reference=reference())
 
     return AsyncRollouts(roll_out, ready, deferred, steps, max_staleness=max_staleness, snapshot=snapshot)
+
+
+def check_staleness_engine(max_staleness: int, name: str) -> None:
+    """Raise ``ValueError`` (one line) when ``rollout.max_staleness`` >= 1 names an engine (``rollout.engine``)
+    that holds no copy of the weights of its own: the run's config checks it before any model loads."""
+    engine = lookup_engine(name).engine
+    if max_staleness and not holds_own_weights(engine):
+        raise ValueError(staleness_refusal(max_staleness, engine, name))
+
+
+def staleness_refusal(max_staleness: int, engine: type, name: str | None = None) -> str:
+    """The one line that refuses ``rollout.max_staleness`` with an ``engine`` class holding no weights of its
+    own (``name``: how the run's config names it)."""
+    named = engine.__name__ if name is None else f"rollout.engine {name!r} ({engine.__name__})"
+    why = "decodes the policy being trained" if getattr(engine, "decodes_trained_policy", False) else "holds no weights to sync"
+    return (f"rollout.max_staleness {max_staleness} needs an engine with its own copy of the weights (an "
+            f"EngineWithWeights: vllm-server, vllm): {named} {why}")

@@ -30,41 +30,36 @@ the steps an uninterrupted run takes; a resume may change only settings that lea
 alone (:mod:`agents.training.resume`). Samplers and mini-batch shuffles draw from generators seeded by
 (seed, step), so evaluating more or less often never changes what training does. With
 ``rollout.max_staleness`` K the next K steps' episodes are generated while a step updates
-(:mod:`agents.training.async_rollout`).
+(:mod:`agents.training.async_rollout`). The rollout half of a step - the engine, its sync check, that
+pipeline, the seeds and the environment worker - has one owner, :class:`~agents.training.rollout_driver.RolloutDriver`.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from agents.learners import Algorithm
 from agents.policies.policy import HFPolicy
-from agents.rollout.batch import TrainBatch
-from agents.rollout.collect import RolloutTimings
-from agents.rollout.engines import EngineSetup, RolloutEngine, lookup_engine
-from agents.rollout.sync_check import SyncCheck, default_tolerance, env_probe, policy_logprobs
-from agents.training.async_rollout import WeightsSnapshot, attach_engine
+from agents.rollout.engines import RolloutEngine
 from agents.training.backends import TrainingBackend
-from agents.training.backends.base import training_dtype
 from agents.training.callbacks import Callback, TrainerControl, stop_on_interrupt
 from agents.training.checkpoint import clean_run_folder, load_run, load_run_backend, open_run, save_run
 from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
 from agents.training.evaluation import EvalResult, evaluate, questions_by_hops, reward_component_means, summarize
-from agents.training.health import FailedSearchWarning, TrainingFailed, UpdateWatch, search_failures
+from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
 from agents.training.library_noise import hide_deepspeed_cpu_notice
 from agents.training.loggers import loggers_for
 from agents.training.rank_metrics import all_rank_metrics
 from agents.training.result import TrainResult
 from agents.training.resume import check_settings, record_resume
+from agents.training.rollout_driver import RolloutDriver
 from agents.training.run_checks import prepare_output
 from agents.training.run_files import RunFiles
 from agents.training.run_reach import check_shared_output
@@ -72,20 +67,14 @@ from agents.training.run_lock import RunLock, lock_run_folder
 from agents.training.run_stages import run_final, run_start
 from agents.training.run_state import RunState, check_format
 from agents.training.samples import SampleLogger
-from agents.training.step_rollout import rollout_batch
 from agents.training.update import by_length, engine_mismatch, score_batch, to_device, update_batch
 from agents.training.warm_start import WarmStartProgress, warm_start
 from search_env import BatchSearchQAEnv
 from search_env.console import progress
 from search_env.data.example import QAExample
 from search_env.files import write_atomically
-from search_env.trajectory import Trajectory
-from search_env.worker import EnvWorker
 
 __all__ = ["Trainer"]
-
-#: Names of the random streams derived from (seed, step); fixed so that runs stay reproducible.
-_STREAMS = {"rollout": 0, "shuffle": 1, "eval": 2}
 
 
 class Trainer:
@@ -99,8 +88,8 @@ class Trainer:
         backend: models, optimisers, micro-batches and the optimiser step (:mod:`agents.training.backends`).
         eval_env / eval_questions: held-out questions (indices into ``eval_env``'s dataset, or examples);
             no evaluation without them.
-        engine: what samples the episodes (:class:`~agents.rollout.engines.RolloutEngine`); the trainer
-            attaches it to ``backend``. Default: the engine ``rollout.engine`` names, over ``policy``, at the
+        engine: what samples the episodes (:class:`~agents.rollout.engines.RolloutEngine`); the trainer's
+            rollout driver attaches it to ``backend``. Default: the engine ``rollout.engine`` names, over ``policy``, at the
             config's temperature and top-p (the HF sampler on the policy itself, for ``hf``).
         callbacks: run besides the loggers ``run.report_to`` asks for (:mod:`agents.training.callbacks`).
     """
@@ -122,14 +111,10 @@ class Trainer:
             raise ValueError("the backend must own the policy the trainer samples from (backend.policy is not policy)")
         self.config, self.policy, self.env, self.algorithm, self.backend = config, policy, env, algorithm, backend
         self.eval_env, self.eval_questions = eval_env, list(eval_questions)
-        self.engine = engine if engine is not None else self._build_engine()
-        #: Checks each weight sync of an engine with its own copy of the weights (``rollout.sync_check``).
-        self.sync_check = self._build_sync_check()
-        #: The rollouts of the next steps, generated while this one updates (``rollout.max_staleness``), or None.
-        self.rollouts = attach_engine(self.engine, backend, max_staleness=config.rollout.max_staleness,
-                                      steps=config.run.steps, roll_out=self._rollout_batch, ready=self._ready_rollout,
-                                      reference=lambda: None if self.sync_check is None else self._policy_probe_logprobs(self.sync_check.probe))
-        self._engine_closed = False
+        #: What the run has done (step, data position, evaluations, the start's parts): what a checkpoint holds.
+        self.state = RunState(QuestionOrder(len(env.examples), config.run.seed))
+        #: The rollout half of each step: the engine, its sync check, the rollouts ahead, seeds, the env worker.
+        self.rollout_driver = RolloutDriver(config, policy, env, algorithm, backend, self.state, engine=engine)
         # With several data-parallel ranks (backend.world_size > 1) rank 0 alone runs the callbacks: it logs,
         # evaluates, and writes the run's files; every rank rolls out its share of the questions.
         self.callbacks: list[Callback] = ([*loggers_for(config.run.report_to), ConsoleProgress(), SampleLogger(), *callbacks]
@@ -137,14 +122,11 @@ class Trainer:
         if backend.world_size > 1:  # batch-wide statistics (REINFORCE++'s and PPO's whitening) over all ranks
             algorithm.reduce_sum = backend.all_reduce_sum
         self.files = RunFiles(config.run.output_dir)  #: the paths of the run's files
-        #: What the run has done (step, data position, evaluations, the start's parts): what a checkpoint holds.
-        self.state = RunState(QuestionOrder(len(env.examples), config.run.seed))
         #: What the callbacks ask of the loop: evaluate, checkpoint or stop after the step (Ctrl-C stops too).
         self.control = TrainerControl()
         self.resumed = False
         #: Compute the policy's entropy in updates to log it, even when the loss does not use it.
         self.log_entropy = config.run.log_entropy
-        self._worker: EnvWorker | None = None
         self._lock: RunLock | None = None  # rank 0's hold on the run's folder while it trains
         self._trailing_skips = 0  # optimiser updates skipped after the last step's last applied one
         if config.run.resume:
@@ -159,6 +141,15 @@ class Trainer:
     def order(self) -> QuestionOrder:
         """The seeded order the training questions are taken in."""
         return self.state.order
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """What samples the episodes (the rollout driver's :class:`~agents.rollout.engines.RolloutEngine`)."""
+        return self.rollout_driver.engine
+
+    @engine.setter
+    def engine(self, engine: RolloutEngine) -> None:
+        self.rollout_driver.engine = engine
 
     # -- the run ------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -227,11 +218,7 @@ class Trainer:
         """Wait for a rollout in flight (``rollout.max_staleness``), stop the environment worker
         (``rollout.env_worker``), if one runs (a later step starts another), and let go of the run's folder
         (:mod:`agents.training.run_lock`)."""
-        if self.rollouts is not None:
-            self.rollouts.close()
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        self.rollout_driver.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -240,9 +227,7 @@ class Trainer:
         """Close the worker, the rollout engine (servers it launched are stopped; once, whoever built it) and
         the training and held-out environments (their sources' threads): the trainer is done."""
         self.close()
-        if not self._engine_closed:
-            self._engine_closed = True
-            self.engine.close()
+        self.rollout_driver.close_engine()
         self.env.close()
         if self.eval_env is not None:
             self.eval_env.close()
@@ -257,25 +242,11 @@ class Trainer:
         self.backend.barrier()
         return Path(directory)
 
-    def rollout_env(self) -> BatchSearchQAEnv | EnvWorker:
-        """What training rollouts step: ``env`` itself, or with ``rollout.env_worker`` a worker process
-        serving it (:class:`~search_env.worker.EnvWorker`), forked at the first rollout."""
-        if not self.config.rollout.env_worker:
-            return self.env
-        if self._worker is None:
-            self._worker = EnvWorker(self.env)
-        return self._worker
-
     def train_step(self) -> dict[str, float]:
         """One rollout and update; returns the step's metrics and advances ``self.step``."""
         started = time.perf_counter()
-        pipeline: dict[str, float] = {}
-        if self.rollouts is None:
-            self.rollout_env().set_reward_step(self.step)
-            trajectories, batch, timings, rounds = self._rollout_batch()
-        else:  # this step's episodes, sampled while the last step updated; the next step's start now
-            ahead, pipeline = self.rollouts.take(self.step)
-            trajectories, batch, timings, rounds = ahead.trajectories, ahead.batch, ahead.timings, ahead.rounds
+        # Rolled out now, or (rollout.max_staleness) sampled while the last step updated, the next steps launched.
+        (trajectories, batch, timings, rounds), pipeline = self.rollout_driver.take(self.step)
         self._call("on_rollout", trajectories)
         batch = batch.select(by_length(batch, torch.arange(len(batch))))
         update_started = time.perf_counter()
@@ -286,12 +257,12 @@ class Trainer:
         update_keys: set[str] = set()
         if float(self.backend.all_reduce_sum(trained)) > 0:  # every rank updates when any has trained tokens
             batch = to_device(batch, self.backend.device)
-            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=self.engine.logprobs_are_trainers and self.engine.reuse_logprobs)
+            score_batch(self.backend, self.algorithm, self._optim, batch, reuse_logprobs=self.rollout_driver.reuses_logprobs)
             stats.update(engine_mismatch(batch))
             stats.update(self.algorithm.compute_advantages(batch))
             with_entropy = self.algorithm.needs_entropy or self.log_entropy
             update_stats, self._trailing_skips = update_batch(self.backend, self.algorithm, self._optim, batch,
-                                                              shuffle_seed=self._seed("shuffle"), with_entropy=with_entropy)
+                                                              shuffle_seed=self.rollout_driver.seed("shuffle"), with_entropy=with_entropy)
             stats.update(update_stats)
             update_keys = set(update_stats)
         lr = self.backend.learning_rate  # the rate this step's updates used (finish_step moves it on)
@@ -310,7 +281,7 @@ class Trainer:
             "time/generation": timings.generation_s, "time/env": timings.env_s, "time/search": timings.search_s,
             "time/env_worker": timings.worker_s, "time/rollout": timings.total_s,
             "time/update": now - update_started, "time/step": now - started,
-            **(self.sync_check.take_metrics() if self.sync_check is not None else {}), **pipeline,
+            **self.rollout_driver.sync_metrics(), **pipeline,
         }
         if self.backend.world_size > 1:
             metrics = all_rank_metrics(self.backend, metrics, update_keys)
@@ -329,21 +300,7 @@ class Trainer:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
 
-    # -- pieces of a step ---------------------------------------------------------------------------
-    def _rollout_batch(self, step: int | None = None) -> tuple[list[Trajectory], TrainBatch, RolloutTimings, int]:
-        """:func:`~agents.training.step_rollout.rollout_batch` of ``step`` (default: the current one)."""
-        return rollout_batch(self, self.step if step is None else step)
-
-    def _seed(self, stream: str, *more: int, at: int | None = None) -> int:
-        """A seed for ``stream`` at the current step (or step ``at``; and ``more``, e.g. a rollout round), from the run's
-        seed (independent of other streams). The rank is no input: every rank derives the same seeds. A
-        rollout's episodes are keyed by their place in the global batch besides (:meth:`_rollout_batch`),
-        but the ``"shuffle"`` seed permutes each rank's own rows, so with several mini-batches per pass
-        (``optim.mini_batch_size`` below a step's rows) N ranks' mini-batches hold other rows than one
-        process's, and their steps differ; with one mini-batch per pass nothing is shuffled."""
-        step = self.step if at is None else at
-        return int(np.random.SeedSequence([self.config.run.seed, _STREAMS[stream], step, *more]).generate_state(1)[0])
-
+    # -- the start's warm start ---------------------------------------------------------------------
     def _warm_start(self) -> dict[str, float]:
         """Clone scripted demonstrations into the policy (:func:`agents.training.warm_start.warm_start`); the reference
         becomes the warm-started policy. Returns the warm start's statistics."""
@@ -354,6 +311,8 @@ class Trainer:
         result = warm_start(self.backend, self.config, self.env, progress=self.state.warm_start_progress, save=save)
         self.state.warm_start_progress = None
         self.backend.reset_reference()
+        if self.config.warm_start.export:  # before the checkpoint that marks the warm start done
+            self.export_policy(self.files.warm_start_policy)
         return result.as_dict()
 
     # -- evaluation ---------------------------------------------------------------------------------
@@ -364,7 +323,7 @@ class Trainer:
         if self.eval_env is None or not self.eval_questions:
             return {}
         self.eval_env.set_reward_step(self.step)
-        seed = self._seed("eval")
+        seed = self.rollout_driver.seed("eval")
         results: dict[str, EvalResult] = {}
         for mode in modes:
             if not self.config.eval.by_hops:
@@ -375,57 +334,6 @@ class Trainer:
                 results[f"{mode} {hops}-hop"] = evaluate(self.engine.agent(greedy=mode == "greedy", seed=seed), self.eval_env, questions)[0]
         return results
 
-    def _build_engine(self) -> RolloutEngine:
-        """The engine ``rollout.engine`` names, with the ``engine`` group's options, over the policy (built
-        within the backend's ``generation()`` where it copies the weights: whole there)."""
-        config = self.config
-        setup = EngineSetup(self.policy, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-                            max_context=config.env.max_context, seed=config.run.seed, whole_weights=self.backend.generation)
-        return lookup_engine(config.rollout.engine).build(config.engine, setup)
-
-    def _build_sync_check(self) -> SyncCheck | None:
-        """The check of ``rollout.sync_check`` for an engine that keeps its own weights and counts its syncs
-        (``None`` for one that decodes the trained policy itself, whose gap is 0 by construction, or ``off``).
-        Its probe comes from the training questions' prompts, seeded by the run's seed."""
-        rollout = self.config.rollout
-        if rollout.sync_check == "off" or self.engine.decodes_trained_policy or not hasattr(self.engine, "syncs"):
-            return None
-        tolerance = rollout.sync_tolerance or default_tolerance(
-            getattr(self.engine, "dtype", "auto"), str(training_dtype(self.config.run.dtype, self.backend.device)))
-        name = rollout.engine if type(self.engine) is lookup_engine(rollout.engine).engine else type(self.engine).__name__
-        return SyncCheck(env_probe(self.env, seed=self.config.run.seed), self._policy_probe_logprobs, engine_name=name,
-                         mode=rollout.sync_check, tolerance=tolerance, error=TrainingFailed, say=say)
-
-    def _policy_probe_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
-        """The trained policy's log-probs of ``sequences`` as the backend computes them for rollouts (eval
-        mode, within ``generation()``: its precision, a sharded policy's weights whole)."""
-        self.backend.eval()
-        with self.backend.generation():
-            return policy_logprobs(self.policy, sequences)
-
-    def _ready_rollout(self, step: int, snapshot: WeightsSnapshot | None = None) -> None:
-        """The engine ready for step ``step``'s rollout ahead: the reward's step set, its weights synced (when
-        stale, on the main thread between updates; or from ``snapshot``, earlier weights, on the rollout's
-        thread) and the sync checked (against the trainer's log-probs kept with the snapshot)."""
-        self.rollout_env().set_reward_step(step)
-        if snapshot is not None:
-            self.engine.sync(weights=snapshot)
-        self.engine.wake_up()
-        if self.sync_check is not None:
-            self.sync_check.follow(self.engine, reference=None if snapshot is None else snapshot.reference)
-
-    def _check_sync(self) -> None:
-        """Check the engine's weights if it synced since the last check (:class:`SyncCheck`)."""
-        if self.sync_check is not None:
-            self.sync_check.follow(self.engine)
-
-    def _decoding(self) -> Any:
-        """The backend's :meth:`~agents.training.backends.base.TrainingBackend.generation` block when the engine
-        decodes with the trained policy itself; none for an engine with its own copy of the weights, which
-        takes them parameter by parameter when they are stale (gathering a ZeRO-3 policy whole for it
-        would undo that)."""
-        return self.backend.generation() if self.engine.decodes_trained_policy else nullcontext()
-
     def _evaluate(self, stage: str | None) -> dict[str, EvalResult]:
         """:meth:`run_evaluation` between the callbacks' evaluation hooks (``stage``: see
         :meth:`~agents.training.callbacks.Callback.on_evaluation`)."""
@@ -433,11 +341,8 @@ class Trainer:
             return {}
         self._call("on_evaluation_start", stage)
         periodic_greedy = stage is None and not self.config.eval.periodic_sampled
-        if self.rollouts is not None:  # the rollout ahead ends before the engine takes the current weights
-            self.rollouts.settle()
-        self.engine.wake_up()  # every rank's engine takes the current weights (a collective under ZeRO-3) first
-        self._check_sync()
-        with self._decoding():  # rank 0 evaluates, the others wait
+        self.rollout_driver.ready_for_evaluation()  # the rollouts ahead ended, every rank's engine on the current weights
+        with self.rollout_driver.decoding():  # rank 0 evaluates, the others wait
             results = self.run_evaluation(("greedy",) if periodic_greedy else ("greedy", "sampled")) if self.backend.rank == 0 else {}
         self.backend.barrier()
         self._call("on_evaluation", stage, results)
@@ -460,16 +365,14 @@ class Trainer:
         """What a checkpoint holds besides the backend's folder: the algorithm, the settings (JSON text, which
         a resume is checked against), the run's state (:meth:`RunState.state_dict`, with its format) and, with
         ``rollout.max_staleness``, the next steps' episodes (finished first: :mod:`agents.training.async_rollout`)."""
-        ahead = {} if self.rollouts is None else {"rollout_ahead": self.rollouts.state_dict()}
         return {"algo": self.config.algo, "config_json": json.dumps(self.config.as_dict(), sort_keys=True),
-                **self.state.state_dict(), **ahead}
+                **self.state.state_dict(), **self.rollout_driver.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["algo"] != self.config.algo:
             raise ValueError(f"the checkpoint was trained with {state['algo']!r}, not {self.config.algo!r}")
         self.state.load_state_dict(state)
-        if self.rollouts is not None:
-            self.rollouts.load_state_dict(state.get("rollout_ahead"))
+        self.rollout_driver.load_state_dict(state)
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write a checkpoint (default: the run's ``checkpoint.pt``; :func:`~agents.training.checkpoint.save_run`:

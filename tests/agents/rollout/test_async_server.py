@@ -79,9 +79,9 @@ def test_two_steps_ahead_on_the_server_sample_by_the_expected_versions_with_chec
     assert result.step == 4
     assert [m["rollout/staleness_max"] for m in record.metrics] == [0.0, 1.0, 2.0, 2.0]
     # Syncs: the initial weights at step 0 (main thread), the snapshot of v1 for step 3; each checked.
-    assert trainer.engine.version == 2 and [sync for sync, _ in trainer.sync_check.gaps] == [1, 2]
-    assert all(gap < 1e-3 for _, gap in trainer.sync_check.gaps), trainer.sync_check.gaps
-    assert not trainer.rollouts.in_flight
+    assert trainer.engine.version == 2 and [sync for sync, _ in trainer.rollout_driver.sync_check.gaps] == [1, 2]
+    assert all(gap < 1e-3 for _, gap in trainer.rollout_driver.sync_check.gaps), trainer.rollout_driver.sync_check.gaps
+    assert not trainer.rollout_driver.pipeline.in_flight
 
 
 class KillServer(Callback):

@@ -107,7 +107,7 @@ def check_token_in_token_out(policy, sampler, rollout, *, atol=1e-4):
         assert sampler.context_ids(b) == traj.token_ids[: last + 1]
         assert all(p != AGENT for p in traj.producers[last + 1 :])
     with torch.no_grad():
-        out = policy(batch.input_ids, batch.attention_mask, batch.position_ids, temperature=sampler.temperature)
+        out = policy(batch.input_ids, batch.attention_mask, batch.position_ids, temperature=sampler.sampling.temperature)
     agent = torch.zeros_like(batch.trained_mask, dtype=torch.bool)
     sampled = torch.zeros_like(out.logprobs)
     for b, (traj, logprobs) in enumerate(zip(trajectories, rollout.sampled_logprobs)):

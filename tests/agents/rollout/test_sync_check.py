@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from agents.rollout.engine_weights import EngineWithWeights
 from agents.rollout.sync_check import (
     BF16_TOLERANCE, FP32_TOLERANCE, StaleEngineError, SyncCheck, default_tolerance, make_probe, sync_gap,
 )
@@ -128,7 +129,7 @@ class CopyEngineOptions:
     broken: bool = False
 
 
-class CopyEngine:
+class CopyEngine(EngineWithWeights):
     """A rollout engine with its own copy of the policy, synced after optimiser steps like the vLLM engines,
     sampling with the HF sampler on that copy: the trainer's side of the check without vLLM."""
 
@@ -140,7 +141,7 @@ class CopyEngine:
 
     def __init__(self, policy, broken: bool, temperature: float) -> None:
         self.trained, self.copy, self.broken, self.temperature = policy, copy.deepcopy(policy), broken, temperature
-        self.syncs, self.stale, self.closed, self.dtype = 0, False, 0, "float32"
+        self.syncs, self.stale, self.closed, self.dtype, self.lora = 0, False, 0, "float32", False
         CopyEngine.built.append(self)
 
     @classmethod
@@ -152,7 +153,8 @@ class CopyEngine:
         backend.add_post_step_hook(lambda: setattr(self, "stale", True))
         return self
 
-    def sync(self) -> None:
+    def sync(self, weights=None) -> None:
+        assert weights is None, "these runs are synchronous: no snapshot is ever sent"
         if not self.broken:
             self.copy.load_state_dict(self.trained.state_dict())
         self.syncs += 1
@@ -207,9 +209,9 @@ def _train(tmp_path, changes):
 
 def test_a_correct_sync_logs_a_gap_near_zero_every_step_and_the_engine_is_closed_once(tmp_path):
     trainer, result, metrics = _train(tmp_path, {"run.steps": 2})
-    assert result.step == 2 and trainer.sync_check is not None
-    assert trainer.sync_check.tolerance == FP32_TOLERANCE
-    assert [sync for sync, _ in trainer.sync_check.gaps] == [1, 2]
+    assert result.step == 2 and trainer.rollout_driver.sync_check is not None
+    assert trainer.rollout_driver.sync_check.tolerance == FP32_TOLERANCE
+    assert [sync for sync, _ in trainer.rollout_driver.sync_check.gaps] == [1, 2]
     assert all(m["rollout/sync_gap"] < 1e-5 for m in metrics) and len(metrics) == 2
     assert trainer.engine.closed == 1
 
@@ -231,7 +233,7 @@ def test_warn_mode_goes_on_and_off_mode_builds_no_check(tmp_path, capsys):
     warnings = [line for line in capsys.readouterr().err.splitlines() if "weight sync check" in line]
     assert len(warnings) == 1 and "sync 2" in warnings[0]
     trainer, result, metrics = _train(tmp_path / "off", {"run.steps": 1, "rollout.sync_check": "off"})
-    assert trainer.sync_check is None and "rollout/sync_gap" not in metrics[0]
+    assert trainer.rollout_driver.sync_check is None and "rollout/sync_gap" not in metrics[0]
 
 
 def test_the_hf_engine_is_not_checked_and_bad_settings_are_refused(tmp_path):
@@ -242,7 +244,7 @@ def test_the_hf_engine_is_not_checked_and_bad_settings_are_refused(tmp_path):
 
     trainer = build_trainer(small_config("grpo", tmp_path, {"eval.questions": 0}))
     try:
-        assert trainer.sync_check is None  # decodes the trained policy itself: no second copy to go stale
+        assert trainer.rollout_driver.sync_check is None  # decodes the trained policy itself: no second copy to go stale
     finally:
         trainer.close_environments()
     with pytest.raises(ValueError, match="rollout.sync_check must be error, warn or off, got 'loud'"):

@@ -41,7 +41,7 @@ MEMORY = 0.05  # of the machine's memory for the KV cache (capped at 2 GiB)
 
 def registered_engine(config, policy, backend):
     """The engine of ``config``'s ``rollout.engine`` over ``policy``, attached to ``backend``: what the
-    trainer builds (``Trainer._build_engine``)."""
+    trainer builds (``RolloutDriver._build_engine``)."""
     setup = EngineSetup(policy, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                         max_context=config.env.max_context, seed=config.run.seed, whole_weights=backend.generation)
     engine = lookup_engine(config.rollout.engine).build(config.engine, setup)

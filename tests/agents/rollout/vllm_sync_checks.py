@@ -42,7 +42,7 @@ def check(lora: bool) -> dict:
     old_adapters = {n: t.detach().clone() for n, t in policy.named_weights(adapters=True)} if lora else {}
     check_seconds: list[float] = []
     steps: list[dict] = []
-    follow = trainer.sync_check.follow
+    follow = trainer.rollout_driver.sync_check.follow
 
     def timed_follow(e):
         started = time.perf_counter()
@@ -51,7 +51,7 @@ def check(lora: bool) -> dict:
             check_seconds.append(time.perf_counter() - started)
         return gap
 
-    trainer.sync_check.follow = timed_follow
+    trainer.rollout_driver.sync_check.follow = timed_follow
 
     def skipped_sync() -> None:  # received nothing, loaded nothing, and says it synced
         engine.llm.reset_prefix_cache()
@@ -75,9 +75,9 @@ def check(lora: bool) -> dict:
         error = str(exc)
     finally:
         trainer.close_environments()
-    return {"error": error, "steps_done": trainer.step, "steps": steps, "gaps": trainer.sync_check.gaps,
-            "tolerance": trainer.sync_check.tolerance, "check_seconds": check_seconds, "lora": engine.lora,
-            "probe_tokens": sum(len(s) for s in trainer.sync_check.probe)}
+    return {"error": error, "steps_done": trainer.step, "steps": steps, "gaps": trainer.rollout_driver.sync_check.gaps,
+            "tolerance": trainer.rollout_driver.sync_check.tolerance, "check_seconds": check_seconds, "lora": engine.lora,
+            "probe_tokens": sum(len(s) for s in trainer.rollout_driver.sync_check.probe)}
 
 
 def check_async(max_staleness: int, sleep: bool) -> dict:
@@ -102,7 +102,7 @@ def check_async(max_staleness: int, sleep: bool) -> dict:
         sync(weights)
 
     def recorded_sleep():
-        sleeps.append(trainer.rollouts.in_flight)
+        sleeps.append(trainer.rollout_driver.pipeline.in_flight)
         engine_sleep()
 
     engine.sync, engine.sleep = recorded_sync, recorded_sleep
@@ -117,8 +117,8 @@ def check_async(max_staleness: int, sleep: bool) -> dict:
         result = trainer.train()
     finally:
         trainer.close_environments()
-    return {"steps_done": result.step, "staleness": staleness, "syncs": syncs, "gaps": trainer.sync_check.gaps,
-            "tolerance": trainer.sync_check.tolerance, "in_flight": trainer.rollouts.in_flight,
+    return {"steps_done": result.step, "staleness": staleness, "syncs": syncs, "gaps": trainer.rollout_driver.sync_check.gaps,
+            "tolerance": trainer.rollout_driver.sync_check.tolerance, "in_flight": trainer.rollout_driver.pipeline.in_flight,
             "sleeps_in_flight": sleeps,
             "seconds": time.perf_counter() - started}
 

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from agents.policies.policy import HFPolicy  # noqa: E402
 from agents.rollout.batch import TrainBatch  # noqa: E402
+from agents.rollout.engine_weights import EngineWithWeights  # noqa: E402
 from agents.rollout.engines import EngineSetup, register_engine  # noqa: E402
 from agents.rollout.hf_sampler import HFSampler  # noqa: E402
 from agents.rollout.sync_check import policy_logprobs  # noqa: E402
@@ -57,7 +58,7 @@ def fingerprint(model: torch.nn.Module) -> float:
     return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(model.parameters())))
 
 
-class CopyEngine:
+class CopyEngine(EngineWithWeights):
     """The HF sampler over a copy of the policy, synced from the backend when stale (vLLM's contract)."""
 
     logprobs_are_trainers = False
@@ -68,7 +69,7 @@ class CopyEngine:
 
     def __init__(self, policy: HFPolicy, options: CopyEngineOptions, temperature: float) -> None:
         self.copy = HFPolicy(copy.deepcopy(policy.model), policy.codec)
-        self.options, self.temperature = options, temperature
+        self.options, self.temperature, self.dtype, self.lora = options, temperature, "float32", False
         self.stale, self.syncs, self.busy, self.asleep, self.sleeps = True, 0, 0, False, 0
         self.sync_threads: list[str] = []
         self.synced_versions: list[int | None] = []
@@ -177,11 +178,26 @@ def test_a_negative_max_staleness_is_refused_in_one_line(tmp_path):
         small_config("grpo", tmp_path, {"rollout.max_staleness": -1})
 
 
-def test_an_engine_that_decodes_the_trained_policy_is_refused(tmp_path):
-    from agents.training.build import build_trainer
+def test_an_engine_without_weights_of_its_own_is_refused_by_the_config_before_any_model_loads(tmp_path):
+    refusal = r"^rollout.max_staleness 1 needs an engine with its own copy of the weights .*: rollout.engine 'hf' \(HFEngine\) "
+    with pytest.raises(ValueError, match=refusal + r"decodes the policy being trained$"):
+        TrainConfig("grpo").updated({"rollout.max_staleness": 1})
+    with pytest.raises(ValueError, match=r"^rollout.max_staleness 2 .*rollout.engine 'endpoint' \(EndpointEngine\) holds no weights to sync$"):
+        TrainConfig("grpo").updated({"rollout.engine": "endpoint", "rollout.max_staleness": 2})
+    assert TrainConfig("grpo").updated({"rollout.engine": NAME, "rollout.max_staleness": 1}).rollout.max_staleness == 1
 
-    with pytest.raises(ValueError, match=r"^rollout.max_staleness 1 needs an engine with its own copy .*HFEngine"):
-        build_trainer(small_config("grpo", tmp_path, {"rollout.max_staleness": 1}))
+
+def test_an_engine_given_to_the_trainer_without_weights_of_its_own_is_refused(tmp_path):
+    from agents.rollout.hf_engine import HFEngine
+    from agents.training.build import build_trainer
+    from agents.training.trainer import Trainer
+
+    built = build_trainer(config(tmp_path))
+    try:
+        with pytest.raises(ValueError, match=r"^rollout.max_staleness 1 needs an engine with its own copy .*: HFEngine decodes the policy being trained$"):
+            Trainer(built.config, built.policy, built.env, built.algorithm, built.backend, engine=HFEngine(built.policy))
+    finally:
+        built.close_environments()
 
 
 def test_each_step_is_sampled_by_the_weights_one_step_old_while_the_last_step_updates(tmp_path):
@@ -193,7 +209,7 @@ def test_each_step_is_sampled_by_the_weights_one_step_old_while_the_last_step_up
     training = [a for a in engine.agents if a[2].startswith("rollout-step-") or a[2] == "MainThread"]
     # Step 0 is rolled out at once by the initial weights; steps 1..3 on the background thread, each by the
     # weights after the step before the one they are for (exactly one version behind).
-    rollout_seeds = [trainer._seed("rollout", at=s) for s in range(4)]
+    rollout_seeds = [trainer.rollout_driver.seed("rollout", at=s) for s in range(4)]
     by_seed = {seed: (weights, thread) for seed, weights, thread in training}
     for step, seed in enumerate(rollout_seeds):
         weights, thread = by_seed[seed]
@@ -205,16 +221,16 @@ def test_each_step_is_sampled_by_the_weights_one_step_old_while_the_last_step_up
         assert m["time/update_waited"] >= 0 and m["time/weight_sync"] >= 0
     assert all("time/rollout_waited" in m for m in record.metrics[:3]) and "time/rollout_waited" not in record.metrics[3]
     assert all(0 <= m["rollout/sync_gap"] < 1e-5 for m in record.metrics if "rollout/sync_gap" in m)
-    assert trainer.rollouts is not None and not trainer.rollouts.in_flight
+    assert trainer.rollout_driver.pipeline is not None and not trainer.rollout_driver.pipeline.in_flight
 
 
 def test_synchronous_runs_keep_no_pipeline_and_checkpoint_nothing_ahead(tmp_path):
     record = Record()
     trainer, _ = run(config(tmp_path, **{"rollout.max_staleness": 0, "run.steps": 2}), callbacks=[record])
-    assert trainer.rollouts is None and "rollout_ahead" not in trainer.state_dict()
+    assert trainer.rollout_driver.pipeline is None and "rollout_ahead" not in trainer.state_dict()
     engine = CopyEngine.built[-1]
     seeds = {seed: weights for seed, weights, _ in engine.agents}
-    assert [seeds[trainer._seed("rollout", at=s)] for s in range(2)] == record.weights[:2]  # on-policy
+    assert [seeds[trainer.rollout_driver.seed("rollout", at=s)] for s in range(2)] == record.weights[:2]  # on-policy
     assert all("rollout/staleness_max" not in m and "time/update_waited" not in m for m in record.metrics)
 
 
@@ -223,7 +239,7 @@ def test_a_run_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp
     whole, _ = run(config(tmp_path / "a"), callbacks=[straight])
     stopped, resumed = Record(), Record()
     first, result = run(config(tmp_path / "b", **{"run.stop_after": 2}), callbacks=[stopped])
-    assert result.step == 2 and first.rollouts is not None
+    assert result.step == 2 and first.rollout_driver.pipeline is not None
     second, result = run(config(tmp_path / "b", **{"run.resume": True}), callbacks=[resumed])
     assert result.step == 4
     # The rollout taken from the checkpoint has no idle time to report (its clock was the first process's).
@@ -234,7 +250,7 @@ def test_a_run_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp
         assert torch.equal(a, b)
     # The resumed run's step 2 was not sampled again: its episodes came from the checkpoint.
     resumed_seeds = {seed for seed, _, _ in CopyEngine.built[-1].agents}
-    assert whole._seed("rollout", at=2) not in resumed_seeds and whole._seed("rollout", at=3) in resumed_seeds
+    assert whole.rollout_driver.seed("rollout", at=2) not in resumed_seeds and whole.rollout_driver.seed("rollout", at=3) in resumed_seeds
 
 
 def test_an_error_of_the_rollout_ahead_stops_the_run_and_leaves_no_thread(tmp_path):
@@ -261,7 +277,7 @@ def test_step_s_is_sampled_by_the_weights_after_s_minus_k_steps(tmp_path, k, eve
     assert result.step == 6
     by_seed = {seed: (weights, thread) for seed, weights, thread in engine.agents}
     for step in range(6):
-        weights, thread = by_seed[trainer._seed("rollout", at=step)]
+        weights, thread = by_seed[trainer.rollout_driver.seed("rollout", at=step)]
         assert weights == record.weights[max(0, step - k)], step  # the weights identity: exactly v_{max(0, s-K)}
         assert thread == ("MainThread" if step == 0 else f"rollout-step-{step}")
     assert [m["rollout/staleness_max"] for m in record.metrics] == staleness
@@ -272,11 +288,11 @@ def test_step_s_is_sampled_by_the_weights_after_s_minus_k_steps(tmp_path, k, eve
     assert [v for v, _ in from_snapshots] == snapshots
     assert [thread for _, thread in from_snapshots] == [f"rollout-step-{v + k}" for v in snapshots]
     assert all(thread == "MainThread" for v, thread in zip(engine.synced_versions, engine.sync_threads) if v is None)
-    assert [sync for sync, _ in trainer.sync_check.gaps] == list(range(1, engine.syncs + 1))
-    assert all(gap < 1e-5 for _, gap in trainer.sync_check.gaps)
+    assert [sync for sync, _ in trainer.rollout_driver.sync_check.gaps] == list(range(1, engine.syncs + 1))
+    assert all(gap < 1e-5 for _, gap in trainer.rollout_driver.sync_check.gaps)
     assert all(m["time/update_waited"] >= 0 and m["time/weight_sync"] >= 0 for m in record.metrics)
     assert any("time/rollout_waited" in m for m in record.metrics)
-    assert not trainer.rollouts.in_flight and trainer.rollouts.ahead == []
+    assert not trainer.rollout_driver.pipeline.in_flight and trainer.rollout_driver.pipeline.ahead == []
 
 
 def test_k_2_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp_path):
@@ -295,7 +311,7 @@ def test_k_2_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp_p
         assert torch.equal(a, b)
     assert [m["rollout/staleness_max"] for m in stopped.metrics + resumed.metrics] == [0.0, 1.0, 2.0, 2.0, 2.0]
     resumed_seeds = {seed for seed, _, _ in CopyEngine.built[-1].agents}
-    assert {whole._seed("rollout", at=s) for s in (1, 2)}.isdisjoint(resumed_seeds)  # taken from the checkpoint
+    assert {whole.rollout_driver.seed("rollout", at=s) for s in (1, 2)}.isdisjoint(resumed_seeds)  # taken from the checkpoint
 
 
 def test_a_snapshot_sync_that_loads_nothing_is_caught_by_the_sync_check(tmp_path):
@@ -326,10 +342,10 @@ def test_a_sleeping_engine_never_meets_a_rollout_ahead(tmp_path, k):
     and woken (its weights reloaded) before the next launch or evaluation."""
     trainer, result = run(config(tmp_path, **{"rollout.max_staleness": k, "engine.sleep": True}))
     engine = CopyEngine.built[-1]
-    assert result.step == 4 and engine.sleeps > 0 and all(0 <= gap < 1e-5 for _, gap in trainer.sync_check.gaps)
+    assert result.step == 4 and engine.sleeps > 0 and all(0 <= gap < 1e-5 for _, gap in trainer.rollout_driver.sync_check.gaps)
 
 
-def test_k_2_needs_an_engine_that_syncs_from_a_snapshot(tmp_path):
+def test_an_engine_claiming_its_own_weights_without_a_sync_from_a_snapshot_fails_at_build(tmp_path):
     from agents.training.build import build_trainer
 
     class LiveOnly(CopyEngine):
@@ -337,8 +353,9 @@ def test_k_2_needs_an_engine_that_syncs_from_a_snapshot(tmp_path):
             super().sync()
 
     register_engine("test-live-only", LiveOnly, options=CopyEngineOptions)
-    with pytest.raises(ValueError, match=r"^rollout.max_staleness 2 needs an engine that syncs from a copy .*LiveOnly does not$"):
-        build_trainer(config(tmp_path, **{"rollout.engine": "test-live-only", "rollout.max_staleness": 2}))
+    for staleness in (0, 2):  # whether or not the run would send a snapshot
+        with pytest.raises(ValueError, match=r"^engine LiveOnly is an EngineWithWeights but lacks sync\(weights=...\) "):
+            build_trainer(config(tmp_path, **{"rollout.engine": "test-live-only", "rollout.max_staleness": staleness}))
 
 
 def trajectory(producers: list[int], trained: list[int]) -> Trajectory:

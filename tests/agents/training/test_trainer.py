@@ -134,7 +134,7 @@ def test_scheduled_reward_follows_the_step(tmp_path, env_worker):
     steps = [r for r in records(result.metrics_path) if "stage" not in r]
     assert [r["reward/stage"] for r in steps] == [0.0, 1.0]
     if env_worker:
-        assert trainer._worker is None  # train() stopped it
+        assert trainer.rollout_driver.worker is None  # train() stopped it
         assert all(r["time/env_worker"] > 0 and r["time/search"] == 0 for r in steps)
     else:
         assert trainer.env.envs[0].trajectory.reward_components["stage_reward"] == "search-r1-format"
