@@ -39,7 +39,9 @@ EXTRAS = {
     "gem": ["gem-llm>=0.1.0"],  # search_env.integrations.gem
     "verl": ["verl>=0.9.1"],  # search_env.integrations.verl_tool (the rewards and data files need no verl)
     "wandb": ["wandb>=0.17"],  # run.report_to: wandb (offline unless WANDB_MODE says otherwise)
-    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
+    # ruff: the conventions ruff.toml sets, checked by tests/test_conventions.py (0.6 is the oldest release
+    # the checks were run with; it and 0.17 report the same).
+    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6"],
 }
 # deepspeed is in "all" so that CI runs the multi-rank tests (it builds its CPU ops on first use, ~30 s).
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "gem", "verl") for req in reqs})

@@ -89,14 +89,14 @@ def adversarial_plans(size: int, seed: int = 0) -> dict[str, str]:
         "group A A .. -> B B ..": lambda: "Edges:\n" + "A " * (half // 2) + "-> " + "B " * (half // 2),
         "group A,A,.. -> B,B,..": lambda: "Edges:\n" + "A," * (half // 2) + " -> " + "B," * (half // 2),
         "group A&A&.. -> B&B&..": lambda: "A&" * (half // 2) + "->" + "B&" * (half // 2),
-        "group distinct labels": lambda: "Edges:\n" + (group := _fit(half - 6, (f"{l} " for l in _labels(size)))) + "-> "
+        "group distinct labels": lambda: "Edges:\n" + (group := _fit(half - 6, (f"{label} " for label in _labels(size)))) + "-> "
         + " ".join(group.split()[::-1]),
         "group 32x32 per line": lambda: _group_block(size, 32, " "),
         "group 8x8 per line": lambda: _group_block(size, 8, ", "),
         "group chain A B -> C D ->": lambda: "Edges:\n" + _repeat("A B -> C D -> ", size) + "E",
         "groups with fillers": lambda: "Edges:\n" + _repeat("Node A and node B & C + D -> nodes E, F ; ", size),
         # many edges
-        "chain distinct labels": lambda: "Edges:\n" + _fit(size - 3, (f"{l} -> " for l in _labels(size)))[:-4],
+        "chain distinct labels": lambda: "Edges:\n" + _fit(size - 3, (f"{label} -> " for label in _labels(size)))[:-4],
         "chain A -> B -> A ..": lambda: "Edges:\n" + _repeat("A -> B -> ", size) + "A",
         "edge lines repeated": lambda: "Edges:\n" + _repeat("A -> B\n", size),
         "edge lines distinct": lambda: "Edges:\n" + _fit(size - 7, (f"{a} -> {b}\n" for a, b in zip(_labels(size), _labels(size)[1:]))),

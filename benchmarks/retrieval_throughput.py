@@ -239,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
     parser.add_argument("--queries", type=int, default=200, help="query budget of a 1-query-per-call run (scaled for the others)")
     parser.add_argument("--max-seconds", type=float, default=20.0, help="wall-time bound of one run")
-    parser.add_argument("--index-dir", type=Path, default=Path.home() / ".cache" / "searchqa_gym" / "throughput", help="where indexes are kept between runs")
+    parser.add_argument("--index-dir", type=Path, default=Path.home() / ".cache" / "searchqa_gym" / "throughput",
+                        help="where indexes are kept between runs")
     parser.add_argument("--startup-seconds", type=float, default=1800.0, help="bound on server start (a first dense start encodes the corpus)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the dense encoder, in the server and in-process")
     parser.add_argument("--client", choices=("requests", "urllib3"), default="requests",
@@ -274,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server.stop()
         table.update(figures)
         if not args.skip_in_process:
-            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads, compile_encoder=args.compile, backend=args.backend)
+            source = build_source(retriever, corpus=args.corpus, index_dir=args.index_dir, threads=args.threads,
+                                  compile_encoder=args.compile, backend=args.backend)
             try:
                 table[retriever].update(bench_in_process(source, questions, args))
             finally:

@@ -1,12 +1,13 @@
 """Protocols: the tag dialects of the seed systems, as data.
 
 A protocol (what ``protocol=`` and ``env.protocol`` name) is a :class:`Dialect`; the class is not called
-``Protocol`` so that no reader takes it for ``typing.Protocol``. A dialect says how the prompt looks, which tags open and close a search call and an answer,
-how a call's content becomes a query (or an NL-DAG plan), how results and errors are written back, and
-which reward preset scores the episode. The environment reads nothing else, so a new dialect is a new
-``Dialect`` passed to ``gym.make("SearchQA-v0", protocol=...)`` or registered by name with
-:func:`register_protocol`; the environment's code is untouched. The exact strings of the five built-ins
-come from ../shared/PROTOCOLS.md.
+``Protocol`` so that no reader takes it for ``typing.Protocol``. A dialect says how the prompt looks,
+which tags open and close a search call and an answer, how a call's content becomes a query (or an
+NL-DAG plan), how results and errors are written back, and which reward preset scores the episode. The
+environment reads nothing else, so a new dialect is a new ``Dialect`` passed to
+``gym.make("SearchQA-v0", protocol=...)`` or registered by name with :func:`register_protocol`; the
+environment's code is untouched. The exact strings of the five built-ins come from
+../shared/PROTOCOLS.md.
 """
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ import contextlib
 import doctest
 import io
 import re
-from pathlib import Path
 
 import pytest
 

@@ -4,8 +4,9 @@ The seven QA sets of the search-agent papers have short names (:data:`DATASET_FI
 their FlashRAG jsonl files in a data folder: ``--data-dir``, else ``$SEARCHQA_DATA`` (the folder
 :func:`search_env.data.load_dataset` reads names from), else ``shared/data`` beside the repository.
 A split's name, ``SET@SPLIT`` (``nq@held-out``; :mod:`search_env.data.splits`), asks that part of
-the fixed split of the same files, in its hash order. Any other path is loaded as it is. A run takes the first ``--episodes`` questions of each set, in file
-order, so a resumed or repeated run asks the same questions; the table says which subset it was.
+the fixed split of the same files, in its hash order. Any other path is loaded as it is. A run takes the
+first ``--episodes`` questions of each set, in file order, so a resumed or repeated run asks the same
+questions; the table says which subset it was.
 """
 from __future__ import annotations
 

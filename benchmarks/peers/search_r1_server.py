@@ -104,7 +104,8 @@ def create_app(retriever: PeerRetriever, default_topk: int = 3) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.search_r1_server", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.search_r1_server", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--index-dir", type=Path, required=True, help="folder of a DenseSource index (index.faiss)")
     parser.add_argument("--corpus", type=Path, required=True, help="the jsonl corpus the index was built from")
     parser.add_argument("--model", type=Path, default=None, help="encoder folder (unset: the offline MiniLM)")

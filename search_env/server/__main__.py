@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     retrieval.add_argument("--index-dir", help="save indexes here and reuse them on the next start")
     retrieval.add_argument("--encoder", help="dense encoder model folder or name (unset: the offline MiniLM)")
     retrieval.add_argument("--rebuild", action="store_true", help="re-index even if --index-dir holds an index")
-    retrieval.add_argument("--threads", type=int, default=1, help="torch threads for query encoding (more pays off only for large batches on idle cores)")
+    retrieval.add_argument("--threads", type=int, default=1,
+                           help="torch threads for query encoding (more pays off only for large batches on idle cores)")
     retrieval.add_argument("--backend", choices=("auto", "torch", "openvino"), default="auto",
                            help="dense encoder runtime (auto: OpenVINO on a CPU when installed, else torch)")
     retrieval.add_argument("--compile", action="store_true", help="torch.compile the dense encoder at start (torch backend; 10-50 s on 2 CPU cores)")

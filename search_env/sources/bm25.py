@@ -7,9 +7,10 @@ faster on a large one); :func:`bm25_sources` indexes several lists of passages a
 each passage once. The top-k selection is done here rather than by ``bm25s.BM25.retrieve``, for two
 reasons: ``retrieve`` runs ``np.argpartition`` over the whole score vector, which degenerates on BM25's
 mostly-zero vectors (several times slower than ranking only the matching passages; figures in
-``benchmarks/RESULTS.md``), and its order among equal scores is not specified. Here a query ranks only the passages that match at least one of its terms, ties go to the
-passage that comes first in the corpus, and passages without a matching term are never returned —
-the behaviour of Lucene-style engines, so a query of stopwords or unknown words gets no results.
+``benchmarks/RESULTS.md``), and its order among equal scores is not specified. Here a query ranks only
+the passages that match at least one of its terms, ties go to the passage that comes first in the
+corpus, and passages without a matching term are never returned — the behaviour of Lucene-style
+engines, so a query of stopwords or unknown words gets no results.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from typing import Any, NamedTuple, Protocol, Union
 
 import numpy as np
 
+from search_env.data.corpus import load_corpus, passage_from_row
+from search_env.sources.base import Passage, Source
 from search_env.sources.bm25s_without_jax import import_bm25s
 
 bm25s = import_bm25s()
@@ -33,9 +36,6 @@ try:  # the fast index build computes bm25s's scores with bm25s's own functions
     _scoring._select_idf_scorer, _scoring._select_tfc_scorer, bm25s.BM25._np_csc  # noqa: B018 - as in bm25s 0.3.16
 except (ImportError, AttributeError):  # another layout: bm25s builds the index itself
     _scoring = None  # type: ignore[assignment]
-
-from search_env.data.corpus import load_corpus, passage_from_row
-from search_env.sources.base import Passage, Source
 
 
 class _WordStemmer(Protocol):

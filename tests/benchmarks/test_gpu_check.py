@@ -48,7 +48,8 @@ def test_a_cases_figures_from_its_metrics():
     ]
     got = measure(records, 3 * 2**20, "torch+vllm")
     assert (got.step_s, got.tokens_per_s, got.peak_memory_mib) == (3.0, 200.0, 3.0)  # medians of steps 2 and 3
-    assert got.logprob_gap == pytest.approx(0.03) and got.env_share == pytest.approx((0.2 + 0.5) / (1.0 + 3.0))  # environment and search over rollout time
+    # the environment's and the search's time over the rollout's
+    assert got.logprob_gap == pytest.approx(0.03) and got.env_share == pytest.approx((0.2 + 0.5) / (1.0 + 3.0))
 
 
 def test_the_writer_appends_a_section_before_the_generated_ones_then_entries_in_it(tmp_path):

@@ -193,7 +193,8 @@ def test_r1_searcher_eos_does_not_matter_and_is_configurable():
     result = rewards.score("r1-searcher", " x</think><answer> Paris", ["Paris"], eos_string="<|im_end|>")
     assert result.components["answer"] == "Paris<|im_end|>" and result.total == -2.0
     assert total("r1-searcher", R1_TRACE.replace("Lyon is a city", "Assistant"), ["Paris"], format_penalty=-0.5) == 0.5
-    assert total("r1-searcher", R1_TRACE.replace(" Paris </answer>", ELEVEN_WORDS + "</answer>"), ["Paris"], max_answer_words=11) == pytest.approx(F1_ELEVEN)
+    eleven_words = R1_TRACE.replace(" Paris </answer>", ELEVEN_WORDS + "</answer>")
+    assert total("r1-searcher", eleven_words, ["Paris"], max_answer_words=11) == pytest.approx(F1_ELEVEN)
     assert total("r1-searcher", "Q\n\nUser:q\nA: <think> x</think><answer>Paris</answer>", ["Paris"], prompt_suffix="\nA: <think>") == 1.0
 
 

@@ -66,7 +66,8 @@ TEXTS = st.one_of(
     st.text(alphabet="<>/xX|_ab\n", max_size=60),
     st.text(max_size=60),
 )
-TAG_PAIRS = [("<answer>", "</answer>"), ("<x>", "</x>"), ("<search>", "</search>"), ("<|begin_of_documents|>", "<|end_of_documents|>"), ("<", ">"), ("x", "x")]
+TAG_PAIRS = [("<answer>", "</answer>"), ("<x>", "</x>"), ("<search>", "</search>"), ("<|begin_of_documents|>", "<|end_of_documents|>"),
+             ("<", ">"), ("x", "x")]
 
 
 @settings(max_examples=1500, deadline=None)

@@ -12,7 +12,8 @@ EXAMPLE = QAExample("q1", "Who founded Zarbo", ["Bob Smith"])
 
 # (protocol, agent text before the call's close, what the environment must append, agent text after)
 # The appended text is written out literally from ../shared/PROTOCOLS.md, not taken from the code.
-DOCS_R1 = "Doc 1(Title: T0 zarbo founder) text 0 about zarbo founder\nDoc 2(Title: T1 zarbo founder) text 1 about zarbo founder\nDoc 3(Title: T2 zarbo founder) text 2 about zarbo founder\n"
+DOCS_R1 = ("Doc 1(Title: T0 zarbo founder) text 0 about zarbo founder\nDoc 2(Title: T1 zarbo founder) text 1 about zarbo founder\n"
+           "Doc 3(Title: T2 zarbo founder) text 2 about zarbo founder\n")
 CASES = [
     (
         "search-r1",

@@ -246,7 +246,8 @@ def test_registry_lookup_and_build():
     assert lookup_algorithm("reinforce++-baseline") is ReinforcePPBaseline
     assert lookup_algorithm("reinforce++-baseline").config_class is ReinforcePPBaselineConfig
     # (other tests' modules may register algorithms of their own after the built-in ones)
-    with pytest.raises(ValueError, match=r"^unknown algorithm 'dpo'; known: gigpo, grpo, gspo, ppo, reinforce\+\+, reinforce\+\+-baseline, rloo(, [^;]+)?; did you mean 'ppo'\?$"):
+    known = r"gigpo, grpo, gspo, ppo, reinforce\+\+, reinforce\+\+-baseline, rloo(, [^;]+)?"
+    with pytest.raises(ValueError, match=rf"^unknown algorithm 'dpo'; known: {known}; did you mean 'ppo'\?$"):
         lookup_algorithm("dpo")
     algo = lookup_algorithm("grpo")(GRPOConfig(clip_high=0.28))
     assert isinstance(algo, GRPO) and algo.uses_reference and not algo.uses_critic

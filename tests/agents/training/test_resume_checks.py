@@ -60,8 +60,9 @@ def resumed(folder: Path, changes: dict | None = None):
 FREE = {
     "run.steps", "run.stop_after", "run.save_every", "run.log_every", "run.progress", "run.resume", "run.report_to",
     "run.output_dir", "run.log_entropy", "run.allow_changes", "run.overwrite", "run.print_every", "run.sample_every",
-    "run.warn_failed_searches", "warm_start.save_every", "warm_start.num_threads", "optim.max_skipped_updates", "eval.every", "eval.by_hops",
-    "eval.periodic_sampled", "rollout.env_worker", "rollout.sync_check", "rollout.sync_tolerance", "run.gradient_checkpointing", "run.collective_timeout_s",
+    "run.warn_failed_searches", "warm_start.save_every", "warm_start.num_threads", "optim.max_skipped_updates", "eval.every",
+    "eval.by_hops", "eval.periodic_sampled", "rollout.env_worker", "rollout.sync_check", "rollout.sync_tolerance",
+    "run.gradient_checkpointing", "run.collective_timeout_s",
 }
 
 

@@ -362,7 +362,8 @@ def test_build_save_load_round_trip(encoder: TransformersEncoder, tmp_path: Path
     assert [p.id for p in hnsw.search(queries, 1)[0]] == [p.id for p in built.search(queries, 1)[0]]
 
 
-def test_progress_bars_only_on_a_terminal_unless_forced(encoder: TransformersEncoder, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bars_only_on_a_terminal_unless_forced(encoder: TransformersEncoder, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     skip_without("dense", "tqdm")
     monkeypatch.delenv("SEARCHQA_PROGRESS", raising=False)
     DenseSource(CORPUS, encoder)  # the default: stderr is captured here, not a terminal

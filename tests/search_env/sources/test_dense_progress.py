@@ -22,7 +22,7 @@ LINE = re.compile(r"^(?P<desc>[^:]+): (?P<done>\d+)/(?P<total>\d+) \((?P<share>\
 
 
 @pytest.fixture
-def encoder(tiny_model_dir: Path) -> TransformersEncoder:
+def encoder(tiny_model_dir: Path) -> TransformersEncoder:  # noqa: F811 - the imported fixture
     """Batches of 4: the 30 passages go as 7 batches of 4, then one of 2."""
     return TransformersEncoder(tiny_model_dir, precision="fp32", batch_size=4, workers=2, prefixes="none", backend="torch")
 

@@ -177,7 +177,7 @@ def test_a_hung_replica_costs_its_share_of_the_deadline_not_all_of_it(replicas, 
     assert status[server_b.retrieve_url].requests == 1
 
 
-def test_with_every_replica_down_a_hung_one_still_gets_only_its_share(scripted, hung_url: str) -> None:
+def test_with_every_replica_down_a_hung_one_still_gets_only_its_share(scripted, hung_url: str) -> None:  # noqa: F811 - a fixture
     """Round one: the hung replica times out, the other answers 500; both are down. Round two tries
     both again, and the hung one must leave the other the time to answer."""
     url, seen = scripted([(500, b'{"detail": "warming up"}', 0.0), (200, good_reply, 0.0)])
