@@ -8,7 +8,8 @@
 
 Flags follow the config's groups (:mod:`agents.training.config`): ``--GROUP.FIELD VALUE``. Three choices
 decide a group's fields: ``--algo NAME`` the ``algorithm`` group (``--algo ppo --help`` lists PPO's),
-``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group. ``--config recipe.yaml`` loads a recipe first, wherever it stands; every flag overrides it. ``--import
+``--rollout.engine NAME`` the ``engine`` group and ``--run.backend NAME`` the ``backend`` group.
+``--config recipe.yaml`` loads a recipe first, wherever it stands; every flag overrides it. ``--import
 MODULE`` imports a module before anything is read, so the algorithms, protocols and rewards it registers
 can be named (rollout engines and backends too). ``--smoke`` shrinks the recipe to a trial of minutes and
 keeps the rest of it (:mod:`agents.training.smoke`), saying in one line what it changed. Parsing is

@@ -372,9 +372,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _sized_seeds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Any, list[int]]:
+    """The ladder size (``None``: no ladder) and the seeds the arguments ask for, ``args.jobs`` set to the free
+    cores when not given; a usage error (one line) for arguments that do not go together."""
     size = LADDERS[args.ladder] if args.ladder else None
     if size is not None and args.quick:
         parser.error("--quick and --ladder are two sizes: give one")
@@ -391,6 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.jobs = free_cpu_cores() or 1
     elif args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    return size, seeds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    size, seeds = _sized_seeds(parser, args)
     sized = [f"{k}={v}" for k, v in (size.changes if size else QUICK if args.quick else {}).items()]
     warm_sized = [f"{k}={v}" for k, v in (size.warm_start_changes if size else QUICK if args.quick else {}).items()]
     warm_seed = size.warm_start_seed if size else None

@@ -20,8 +20,8 @@ from benchmarks.common.algorithm_tables import (
 )
 from benchmarks.common.rl_statistics import DEFAULT_REPS, stratified_bootstrap_ci
 
-__all__ = ["ONE_SEED_NOTE", "cpu_minutes_to_threshold", "em_band", "format_ladder_table", "ladder_summary", "plot_em_band", "plot_ladder_summary", "steps_to_threshold",
-           "write_report"]
+__all__ = ["ONE_SEED_NOTE", "cpu_minutes_to_threshold", "em_band", "format_ladder_table", "ladder_summary", "plot_em_band",
+           "plot_ladder_summary", "steps_to_threshold", "write_report"]
 
 
 #: The header line of a table with an algorithm of one seed.

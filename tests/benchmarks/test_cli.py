@@ -247,7 +247,8 @@ def test_the_peers_build_time_is_quoted_as_recorded_and_compared_only_on_its_cor
     stats = SimpleNamespace(reused_embeddings=False, encode_seconds=100.0, index_seconds=60.0)
     line = dense_build_line(SimpleNamespace(stats=stats, passages=[None] * 13_778), tmp_path, 170.0, args)
     assert "160.0 s = 100.0 s encoding (138 passages/s) + 60.00 s indexing" in line
-    assert "5.0x less than Search-R1's server, which took 800 s on this corpus and machine (a recorded figure, quoted, not measured in this run" in line
+    assert ("5.0x less than Search-R1's server, which took 800 s on this corpus and machine (a recorded figure, quoted, "
+            "not measured in this run") in line
     line = dense_build_line(SimpleNamespace(stats=stats, passages=[None] * 10), tmp_path, 170.0, args)
     assert "no ratio here" in line and "x less" not in line
 
@@ -290,7 +291,8 @@ def test_retrieval_throughput_through_the_bm25_server(data_dir: Path, tmp_path: 
 
 # --- --help everywhere -----------------------------------------------------------------------------
 
-COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial", "benchmarks.grpo_step_vs_trl", "benchmarks.learning", "benchmarks.rollout_overhead", "benchmarks.retrieval_recall",
+COMMANDS = ["benchmarks.evaluate", "benchmarks.env_overhead", "benchmarks.dag_critical_path", "benchmarks.dag_parse_adversarial",
+            "benchmarks.grpo_step_vs_trl", "benchmarks.learning", "benchmarks.rollout_overhead", "benchmarks.retrieval_recall",
             "benchmarks.retrieval_throughput", "benchmarks.data_parallel", "benchmarks.memory_soak", "search_env.server.__main__"]
 AGENTS_EXTRA = ("agents", "torch", "transformers", "yaml")
 NEEDS = {  # the extra, and its packages, that a command's module imports; the others need the core only
@@ -513,8 +515,8 @@ def test_rollout_overhead_reuses_a_policy_cache_made_with_the_same_settings_only
     cache = str(tmp_path / "cache")
     args = ["--runs", "1", "--warm-start-examples", "4", "--warm-start-copy-steps", "2", "--policy-cache", cache]
     first = main(args + ["--warm-start-steps", "1", "--output-dir", str(tmp_path)])
-    lines, saved, rows = _written(tmp_path, "rollout_overhead",
-                                  "python -m benchmarks.rollout_overhead " + " ".join(args + ["--warm-start-steps", "1", "--output-dir", str(tmp_path)]))
+    command = "python -m benchmarks.rollout_overhead " + " ".join(args + ["--warm-start-steps", "1", "--output-dir", str(tmp_path)])
+    lines, saved, rows = _written(tmp_path, "rollout_overhead", command)
     assert [(r["mode"], r["run"]) for r in rows] == [("in-process", "0"), ("worker", "0")]
     assert float(rows[1]["total_s"]) == first["runs"]["worker"][0]["total_s"] == saved["median"]["worker"]["total_s"]
     assert saved["judged"] == first["judged"] and saved["args"]["runs"] == 1
