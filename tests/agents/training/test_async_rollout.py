@@ -194,7 +194,8 @@ def test_an_engine_given_to_the_trainer_without_weights_of_its_own_is_refused(tm
 
     built = build_trainer(config(tmp_path))
     try:
-        with pytest.raises(ValueError, match=r"^rollout.max_staleness 1 needs an engine with its own copy .*: HFEngine decodes the policy being trained$"):
+        refusal = r"^rollout.max_staleness 1 needs an engine with its own copy .*: HFEngine decodes the policy being trained$"
+        with pytest.raises(ValueError, match=refusal):
             Trainer(built.config, built.policy, built.env, built.algorithm, built.backend, engine=HFEngine(built.policy))
     finally:
         built.close_environments()
@@ -205,7 +206,8 @@ def test_each_step_is_sampled_by_the_weights_one_step_old_while_the_last_step_up
     trainer, result = run(config(tmp_path, **{"engine.background_delay_s": 1.0}), callbacks=[record])
     engine = CopyEngine.built[-1]
     assert result.step == 4
-    assert set(engine.sync_threads) == {"MainThread"} and engine.syncs == 4  # the start; step 2's launch (v1); the evaluations after 2 (v2) and 4 (v4)
+    # Syncs: the start; step 2's launch (v1); the evaluations after 2 (v2) and 4 (v4).
+    assert set(engine.sync_threads) == {"MainThread"} and engine.syncs == 4
     training = [a for a in engine.agents if a[2].startswith("rollout-step-") or a[2] == "MainThread"]
     # Step 0 is rolled out at once by the initial weights; steps 1..3 on the background thread, each by the
     # weights after the step before the one they are for (exactly one version behind).
