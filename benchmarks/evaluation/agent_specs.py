@@ -45,6 +45,7 @@ from agents.baselines import BASELINES, BaselineAgent, RolloutTextGenerator
 from agents.rollout.agent import RolloutAgent
 from agents.rollout.engines import ENGINES, EngineSetup, RolloutEngine, is_engine, lookup_engine
 from agents.scripted import NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedRolloutAgent
+from rewards import Registry
 from search_env.data.example import QAExample
 
 from benchmarks.evaluation import HarnessError
@@ -197,19 +198,18 @@ def _baseline_kind(baseline: str) -> AgentKind:
     return parse
 
 
-#: Agent kinds by name (the part of a spec before its first colon).
-AGENT_KINDS: dict[str, AgentKind] = {**{key: _scripted_kind(cls) for key, cls in SCRIPTED.items()},
-                                     "hf": _engine_kind("hf"), "endpoint": _endpoint_kind,
-                                     **{key: _baseline_kind(key) for key in ("protocol", *BASELINES)}}
+#: Agent kinds by name (the part of a spec before its first colon), on the project's one registry type.
+AGENT_KINDS: Registry[AgentKind] = Registry("agent kind")
+AGENT_KINDS.update({**{key: _scripted_kind(cls) for key, cls in SCRIPTED.items()}, "hf": _engine_kind("hf"),
+                    "endpoint": _endpoint_kind, **{key: _baseline_kind(key) for key in ("protocol", *BASELINES)}})
 
 
 def register_agent_kind(name: str, kind: AgentKind, *, replace: bool = False) -> None:
-    """Add an agent kind, so ``--agents NAME`` or ``NAME:ARGUMENT`` builds it (a named baseline)."""
+    """Add an agent kind, so ``--agents NAME`` or ``NAME:ARGUMENT`` builds it (a named baseline). A name
+    taken by another kind raises ``ValueError`` unless ``replace=True``, as in every registry of the project."""
     if ":" in name or not name:
         raise ValueError(f"an agent kind's name must be non-empty and have no colon, got {name!r}")
-    if name in AGENT_KINDS and not replace:
-        raise ValueError(f"agent kind {name!r} is registered already (pass replace=True)")
-    AGENT_KINDS[name] = kind
+    AGENT_KINDS.add(name, kind, replace=replace)
 
 
 def parse_agent(spec: str) -> AgentLoader:

@@ -290,7 +290,7 @@ def test_a_registered_agent_kind_is_an_agent_by_name(capsys: pytest.CaptureFixtu
     try:
         table = main(["--protocols", "search-r1", "--agents", "always-no-search", "--episodes", "1"])
         assert table[0]["agent"] == "always-no-search"
-        with pytest.raises(ValueError, match="registered already"):
+        with pytest.raises(ValueError, match="already registered"):
             register_agent_kind("always-no-search", AGENT_KINDS["oracle"])
     finally:
         AGENT_KINDS.pop("always-no-search")

@@ -1,6 +1,8 @@
 """Each built-in protocol round-trips a scripted episode with the exact token masks expected."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from search_env import AGENT, ENVIRONMENT, Dialect, available_protocols, get_protocol, register_protocol
@@ -125,8 +127,9 @@ def test_a_user_registers_a_new_protocol_without_touching_the_env(split_tag_toke
     env.reset(seed=0)
     env.step(env.codec.encode("[[search: zarbo ]]"))
     assert env.response_text.endswith("{{T0 zarbo|T1 zarbo}}")
-    with pytest.raises(ValueError):
-        register_protocol(custom)
+    register_protocol(custom)  # the same dialect again (a module imported twice) is no clash
+    with pytest.raises(ValueError, match="already registered"):
+        register_protocol(dataclasses.replace(custom, top_k=3))  # another dialect under a taken name is
 
 
 def test_non_ascii_tags_delimit_the_query_and_the_answer_by_their_bytes(split_tag_tokenizer):
