@@ -56,7 +56,7 @@ import search_env
 from agents.rollout.endpoint import EndpointError
 from rewards.models import LLMJudge, ModelCallError
 from search_env import BatchSearchQAEnv
-from search_env.console import HelpFormatter
+from search_env.console import CommandParser, HelpFormatter
 from search_env.sources.registry import available_sources, lookup_source
 
 from benchmarks.common.report_files import command_line, replace_generated_section
@@ -103,7 +103,7 @@ def evaluate(protocol: str, agent: str | type, episodes: int, seed: int = 0, **e
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate", description=__doc__, formatter_class=HelpFormatter)
+    parser = CommandParser(prog="python -m benchmarks.evaluate", description=__doc__, formatter_class=HelpFormatter)
     what = parser.add_argument_group("what to evaluate")
     what.add_argument("--agents", nargs="+", default=list(SCRIPTED), metavar="AGENT",
                       help="scripted names, hf:MODEL, a model folder, endpoint:URL#MODEL, ENGINE:MODEL, module:Name or BASELINE:LLM")

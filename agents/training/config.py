@@ -202,7 +202,7 @@ class WarmStartConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation, greedy and sampled, before training, after the warm start, every ``every``
+    """Held-out evaluation, greedy and sampled, before training, after the warm start, every ``eval.every``
     steps and at the end.
 
     Attributes:
@@ -210,7 +210,7 @@ class EvalConfig:
         questions: held-out questions per evaluation (0: no evaluation).
         by_hops: report each hop count of the held-out questions on its own (synthetic questions carry
             their hop count), as ``eval/<mode>/<n>-hop/<metric>``, with ``questions`` of each.
-        periodic_sampled: sample in the evaluations every ``every`` steps too, not only greedy (the
+        periodic_sampled: sample in the evaluations every ``eval.every`` steps too, not only greedy (the
             evaluations before and after training always do both).
     """
 
@@ -334,8 +334,9 @@ class RunConfig:
             return
         try:
             torch.device("cpu" if self.device == "auto" else self.device)
-        except RuntimeError as exc:
-            raise ValueError(f"run.device {self.device!r} is not a torch device: {' '.join(str(exc).split())}") from None
+        except RuntimeError:
+            from agents.training.devices import unknown_device
+            raise ValueError(unknown_device(self.device)) from None
 
 
 #: The groups of :class:`TrainConfig` besides ``algorithm``, in the order ``--help`` shows them.
