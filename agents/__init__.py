@@ -15,7 +15,8 @@ learners and trainer need the ``agents`` extra (torch, transformers) and are imp
 --help`` shows the same settings as flags.)
 
 The extension hooks are here too: :func:`register_algorithm` (with :func:`register_advantage` and
-:func:`register_policy_loss`), :func:`register_engine`, :func:`register_backend`, and :class:`Callback`
+:func:`register_policy_loss`), :func:`register_engine` (an engine with its own copy of the weights
+inherits :class:`EngineWithWeights`), :func:`register_backend`, and :class:`Callback`
 for a run's events; every algorithm's config class is exported beside them. A search source is
 registered in ``search_env`` (:func:`search_env.sources.register_source`).
 """
@@ -34,7 +35,7 @@ _LAZY = {
     "TrainBatch": "agents.rollout.batch",
     "HFPolicy": "agents.policies.policy", "PolicyOutput": "agents.policies.policy", "ValueModel": "agents.policies.policy",
     "tiny_causal_lm": "agents.policies.loading", "load_smollm2": "agents.policies.loading", "load_policy": "agents.policies.loading",
-    "RolloutAgent": "agents.rollout.agent", "Chunk": "agents.rollout.agent",
+    "RolloutAgent": "agents.rollout.agent", "Chunk": "agents.rollout.agent", "SamplingParams": "agents.rollout.agent",
     "HFSampler": "agents.rollout.hf_sampler",
     "collect_rollouts": "agents.rollout.collect", "Rollout": "agents.rollout.collect", "build_batch": "agents.rollout.batch",
     "ALGORITHMS": "agents.learners", "Algorithm": "agents.learners", "lookup_algorithm": "agents.learners",
@@ -43,6 +44,7 @@ _LAZY = {
     "RLOOConfig": "agents.learners", "GSPOConfig": "agents.learners", "GiGPOConfig": "agents.learners",
     "ReinforcePPConfig": "agents.learners", "ReinforcePPBaselineConfig": "agents.learners",
     "RolloutEngine": "agents.rollout.engines", "EngineSetup": "agents.rollout.engines", "register_engine": "agents.rollout.engines",
+    "EngineWithWeights": "agents.rollout.engine_weights",
     "TrainingBackend": "agents.training.backends", "TorchBackend": "agents.training.backends",
     "register_backend": "agents.training.backends",
     "Callback": "agents.training.callbacks",

@@ -28,12 +28,14 @@ def test_a_complete_engine_passes_and_an_engine_without_weights_is_left_alone():
     assert holds_own_weights(Complete) and holds_own_weights(Complete()) and not holds_own_weights(object)
 
 
-def test_both_vllm_engines_claim_their_own_weights():
+def test_both_vllm_engines_claim_their_own_weights_and_the_package_exports_the_claim():
     pytest.importorskip("torch")
+    import agents
     from agents.rollout.vllm_engine import VLLMEngine
     from agents.rollout.vllm_server_engine import VLLMServerEngine
 
     assert issubclass(VLLMEngine, EngineWithWeights) and issubclass(VLLMServerEngine, EngineWithWeights)
+    assert agents.EngineWithWeights is EngineWithWeights and "EngineWithWeights" in agents.__all__
 
 
 def test_a_claim_without_an_attribute_or_a_snapshot_sync_fails_in_one_line():
