@@ -160,7 +160,9 @@ def _ci(interval: Mapping[str, float] | None, digits: int = 3) -> str:
     if interval is None:
         return "-"
     text = f"{interval['value']:.{digits}f}"
-    return text if interval["low"] == interval["high"] == interval["value"] else text + f" [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+    if interval["low"] == interval["high"] == interval["value"]:
+        return text
+    return text + f" [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
 
 
 def format_improvements(rows: Sequence[Mapping[str, Any]]) -> str:

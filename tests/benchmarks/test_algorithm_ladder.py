@@ -48,7 +48,8 @@ def test_rungs_are_selected_in_the_ladders_order_and_an_unknown_one_is_refused_i
     # a size's default rungs, in the ladder's order whatever the order they are listed in
     assert [r.name for r in select_rungs(None, QUICK)] == [r.name for r in RUNGS if r.name in QUICK.rungs]
     assert select_rungs(None, FULL) == list(RUNGS)
-    for argv, message in ((["--ladder", "quick", "--rungs", "2hop", "5hop"], "--rungs 5hop: no such rung; known: 1hop, 2hop, 3hop, distractors, noisy (or all)"),
+    for argv, message in ((["--ladder", "quick", "--rungs", "2hop", "5hop"],
+                           "--rungs 5hop: no such rung; known: 1hop, 2hop, 3hop, distractors, noisy (or all)"),
                           (["--rungs", "2hop"], "--rungs selects rungs of --ladder quick|full"),
                           (["--ladder", "quick", "--quick"], "--quick and --ladder are two sizes"),
                           (["--ladder", "huge"], "invalid choice: 'huge'"),
@@ -202,7 +203,8 @@ def test_a_tiny_ladder_writes_a_folder_per_rung_and_a_summary_and_resumes(tmp_pa
     free[0] = 2
     assert main(argv) == 0
     printed = capfd.readouterr().out
-    assert "in 2 jobs ->" in printed.splitlines()[0] and printed.count("finished already") == 4 and "starts," not in printed and printed.count("reused from the cache") == 1
+    assert "in 2 jobs ->" in printed.splitlines()[0] and printed.count("finished already") == 4
+    assert "starts," not in printed and printed.count("reused from the cache") == 1
 
 
 @pytest.mark.slow
