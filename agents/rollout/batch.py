@@ -146,7 +146,8 @@ def build_batch(trajectories: Sequence[Trajectory], group_ids: Sequence[str], pa
     groups = [index.setdefault(g, len(index)) for g in group_ids]
     mask_t = torch.from_numpy(attention)
     return TrainBatch(
-        input_ids=torch.from_numpy(input_ids), attention_mask=mask_t, position_ids=position_ids_from_mask(mask_t), trained_mask=torch.from_numpy(trained),
+        input_ids=torch.from_numpy(input_ids), attention_mask=mask_t, position_ids=position_ids_from_mask(mask_t),
+        trained_mask=torch.from_numpy(trained),
         token_rewards=torch.from_numpy(rewards), scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         group_index=torch.tensor(groups, dtype=torch.long), group_ids=list(group_ids), trajectories=list(trajectories),
         rollout_logprobs=rollout_logprobs,

@@ -47,7 +47,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-__all__ = ["Replica", "RolloutServerError", "WeightGroup", "WeightReceiver", "free_port", "stop_replicas", "open_weight_group", "receive_weights", "send_weights", "server_command"]
+__all__ = ["Replica", "RolloutServerError", "WeightGroup", "WeightReceiver", "free_port", "stop_replicas", "open_weight_group",
+           "receive_weights", "send_weights", "server_command"]
 
 #: Header layout: kind, dtype code, number of dims, name length, then up to MAX_DIMS sizes.
 MAX_DIMS = 8

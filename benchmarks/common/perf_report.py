@@ -140,7 +140,8 @@ def format_markdown(report: Mapping[str, Any], level: int = 1) -> str:
             lines += ["", "Settings: " + ", ".join(f"{k} {v}" for k, v in section["settings"].items()) + "."]
         if section["measures"]:
             lines += ["", "| figure | unit | median | min | max | runs |", "|---|---|---|---|---|---|"]
-            lines += [f"| {m['name']} | {m['unit']} | {format_number(m['median'])} | {format_number(m['min'])} | {format_number(m['max'])} | {m['runs']} |"
+            lines += [f"| {m['name']} | {m['unit']} | {format_number(m['median'])} | {format_number(m['min'])} "
+                      f"| {format_number(m['max'])} | {m['runs']} |"
                       for m in section["measures"]]
         if section["notes"]:
             lines += [""] + [f"- {note}" for note in section["notes"]]

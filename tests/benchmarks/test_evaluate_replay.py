@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.evaluate import main
 from search_env.sources.bm25 import BM25Source
-from tests.benchmarks.test_evaluate_harness import _episodes, _without_timing, real_format  # noqa: F401 - a fixture
+from tests.benchmarks.test_evaluate_harness import _episodes, _without_timing
 from tests.conftest import skip_without
 
 

@@ -8,7 +8,6 @@ import pytest
 from tests.conftest import CountingSource, skip_without
 
 skip_without("agents", "torch", "transformers")
-import torch  # noqa: E402
 
 from agents.scripted.rollout_agent import ScriptedRolloutAgent  # noqa: E402
 from agents.rollout.collect import _search_time, collect_rollouts  # noqa: E402
