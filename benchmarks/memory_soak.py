@@ -96,7 +96,7 @@ class Sampler(Callback):
             return
         worker = trainer.rollout_driver.worker
         trainer_rss, trainer_uss = memory_of(os.getpid())
-        worker_rss, worker_uss = memory_of(worker._process.pid) if worker is not None else (float("nan"),) * 2
+        worker_rss, worker_uss = memory_of(worker.pid) if worker is not None else (float("nan"),) * 2
         counts = object_counts([*self.counts.values(), *self.samples, self.counts, self.samples])
         self.counts[step] = counts
         self.samples.append({"step": step, "elapsed_s": round(time.monotonic() - self.started, 1),

@@ -140,6 +140,11 @@ class EnvWorker:
         """Total tokens per episode before truncation."""
         return self.env.max_context
 
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (to watch its memory or CPU from outside)."""
+        return self._process.pid
+
     def make_env(self) -> SearchQAEnv:
         """A new single environment in this process with the episodes' settings (see
         :meth:`BatchSearchQAEnv.make_env`)."""

@@ -3,6 +3,8 @@ in-process rollouts episode for episode over every protocol, the sampler hands e
 row stops, and the worker's errors, reward step and lifecycle behave as the in-process environment's."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.conftest import skip_without
@@ -89,6 +91,7 @@ def test_the_sampler_hands_each_row_over_once_as_it_stops(codec):
 def test_worker_errors_come_back_with_their_message_and_a_closed_worker_refuses_work(codec):
     env = BatchSearchQAEnv(2, protocol="search-r1", tokenizer=codec, world_size=20)
     worker = EnvWorker(env)
+    assert worker.pid is not None and worker.pid != os.getpid() and os.path.exists(f"/proc/{worker.pid}")
     worker.reset(options=[{"index": 0}, {"index": 1}])
     with pytest.raises(ValueError, match="action space"):
         worker.step([[codec.vocab_size + 5], None])
