@@ -22,7 +22,8 @@ Agents (--agents, several side by side):
                                             prompt), over LLM = smollm2, tiny, a folder, hf:MODEL or
                                             endpoint:URL#MODEL; e.g. ircot:smollm2
 Datasets (--dataset, several): synthetic; nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle (the
-  FlashRAG files in --data-dir, else $SEARCHQA_DATA, else ../shared/data); or a jsonl/parquet path. The
+  FlashRAG files in --data-dir, else $SEARCHQA_DATA, else ../shared/data); a part of their fixed split
+  (nq@held-out, real-qa@validation: search_env.data.splits); or a jsonl/parquet path. The
   first --episodes questions of each are asked. Real questions are searched with --retriever (bm25,
   dense, or one a module given to --import registers) over --corpus, or with a retrieval server (--retrieval-url).
 Metrics, per dataset x protocol x agent: EM, F1 and cover-EM of the extracted answer against every gold
@@ -38,6 +39,8 @@ Outputs (--output-dir DIR): results.md (settings block and table), results.csv, 
 Retrieval record/replay: --record-retrieval FILE keeps every search (source configuration, query, k ->
   passages); --replay-retrieval FILE answers a later run from it with no retriever built (identical
   scores). A search the file lacks stops the run, or with --replay-missing live is searched and added.
+  --probe empty answers every search of real questions with no passages (search_env.sources.probes):
+  an agent's drop then says how much of its score comes from what it finds.
 
 Run: python -m benchmarks.evaluate [--episodes 100] [--protocols search-r1 research]
      [--dataset hotpotqa nq --corpus ../shared/data/corpus.jsonl] [--agents oracle hf:runs/demo/policy]
@@ -110,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                       help="import MODULE first (the rollout engines, protocols and rewards it registers can then be named)")
     what.add_argument("--dataset", nargs="+", default=[SYNTHETIC], metavar="DATASET",
-                      help=f"{SYNTHETIC}, a short name ({', '.join(DATASET_FILES)}) or a FlashRAG jsonl / Search-R1 parquet path")
+                      help=f"{SYNTHETIC}, a short name ({', '.join(DATASET_FILES)}), a split (nq@held-out) "
+                           "or a FlashRAG jsonl / Search-R1 parquet path")
     what.add_argument("--data-dir", type=Path, default=None,
                       help="folder of the short-named datasets (unset: $SEARCHQA_DATA, else ../shared/data)")
     what.add_argument("--protocols", nargs="+", default=search_env.available_protocols(), help="registered protocol names")
@@ -124,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--dense-index", choices=("flat", "hnsw", "ivf"), default="flat", help="dense retrieval's faiss index")
     search.add_argument("--index-dir", type=Path, default=None, help="keep dense embeddings and index here between runs")
     search.add_argument("--top-k", type=int, default=None, help="passages per search (unset: each protocol's own)")
+    search.add_argument("--probe", choices=("empty",), default=None,
+                        help="answer every search of real questions with no passages: what a score owes to searching")
     search.add_argument("--record-retrieval", type=Path, default=None, metavar="FILE", help="record every search into FILE")
     search.add_argument("--replay-retrieval", type=Path, default=None, metavar="FILE",
                         help="answer every search from FILE (recorded earlier), building no retriever")
@@ -170,12 +176,31 @@ def _data_error(message: str) -> NoReturn:
 
 def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, in one line each, what cannot run, before anything is loaded."""
+    _check_numbers(parser, args)
+    _check_retrieval(parser, args)
+    if args.tokenizer is not None and not Path(args.tokenizer).exists():
+        _data_error(f"no tokenizer at {args.tokenizer}")
+    if (args.judge_url is None) != (args.judge_model is None):
+        parser.error("give --judge-url and --judge-model together")
+    for protocol in args.protocols:
+        try:
+            search_env.get_protocol(protocol)
+        except search_env.UnknownNameError as exc:
+            parser.error(str(exc))
+
+
+def _check_numbers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Counts, budgets and sampling settings in their ranges."""
     for name, low in (("episodes", 1), ("sampled", 0), ("batch_size", 1), ("top_k", 1), ("max_turns", 0), ("max_new_tokens", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         parser.error(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
+
+
+def _check_retrieval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What real questions are searched with, and the record or replay of their searches."""
     if args.results_md is not None and not args.results_md.parent.is_dir():
         _data_error(f"--results-md: no folder {args.results_md.parent}")
     real = [spec for spec in args.dataset if spec != SYNTHETIC]
@@ -197,15 +222,6 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--replay-missing live searches what the recording lacks: give --corpus or --retrieval-url")
     if args.corpus is not None and args.replay_retrieval is None and not args.corpus.is_file():
         _data_error(f"no corpus file {args.corpus}")
-    if args.tokenizer is not None and not Path(args.tokenizer).exists():
-        _data_error(f"no tokenizer at {args.tokenizer}")
-    if (args.judge_url is None) != (args.judge_model is None):
-        parser.error("give --judge-url and --judge-model together")
-    for protocol in args.protocols:
-        try:
-            search_env.get_protocol(protocol)
-        except search_env.UnknownNameError as exc:
-            parser.error(str(exc))
     try:
         lookup_source(args.retriever)
     except search_env.UnknownNameError as exc:
@@ -243,7 +259,7 @@ def _settings(args: argparse.Namespace, retrieval: Retrieval, datasets: list[Dat
     return {"retrieval": retrieval.real_config() if real else None, "top_k": args.top_k, "max_turns": args.max_turns,
             "max_new_tokens": args.max_new_tokens, "max_context": args.max_context, "decoding": decoding,
             "tokenizer": args.tokenizer, "dtype": args.dtype, "judge_model": args.judge_model,
-            "engine_options": args.engine_options or None}
+            "engine_options": args.engine_options or None, **({"probe": args.probe} if args.probe else {})}
 
 
 def _data_line(dataset: Dataset, retrieval: Retrieval, args: argparse.Namespace) -> str:
@@ -254,7 +270,8 @@ def _data_line(dataset: Dataset, retrieval: Retrieval, args: argparse.Namespace)
     return f"{len(dataset.examples)} episodes each, {where}, {seeds}"
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+def _parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The arguments, with ``--import`` modules imported and every check passed."""
     parser = _parser()
     args = parser.parse_args(argv)
     for module in args.imports:
@@ -264,6 +281,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             parser.error(f"--import {module}: {' '.join(str(exc).split())}")
     _check_arguments(parser, args)
     args.engine_options = _engine_options(parser, args.engine_option)
+    return parser, args
+
+
+def _prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Plan, Retrieval, list[Dataset]]:
+    """The plan of what to play, its retrieval and datasets: agents parsed and loaded, datasets read, and an
+    output folder's settings checked against the run resumed there."""
     loaders = []
     for spec in args.agents:
         try:
@@ -276,7 +299,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         _data_error(str(exc))
     options = RetrievalOptions(retriever=args.retriever, corpus=args.corpus, url=args.retrieval_url, encoder=args.encoder,
                                dense_index=args.dense_index, index_dir=args.index_dir, record=args.record_retrieval,
-                               replay=args.replay_retrieval, replay_missing=args.replay_missing)
+                               replay=args.replay_retrieval, replay_missing=args.replay_missing, probe=args.probe)
     try:
         retrieval = Retrieval(options)
         for dataset in datasets:
@@ -300,6 +323,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                      max_context=args.max_context, tokenizer=args.tokenizer)
     plan = Plan(datasets, args.protocols, agents, env, seed=args.seed,
                 samples=args.sampled, batch_size=args.batch_size, judge=judge)
+    return plan, retrieval, datasets
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser, args = _parse(argv)
+    plan, retrieval, datasets = _prepare(parser, args)
+    judge = plan.judge
     try:
         log = EpisodeLog(args.output_dir / EPISODES_FILE if args.output_dir is not None else None)
     except ValueError as exc:
@@ -325,6 +355,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             judge.chat.close()
 
     table = table_rows(plan, log, retrieval, args.judge_model)
+    _write_outputs(table, datasets, retrieval, args, argv, not_played)
+    return table
+
+
+def _write_outputs(table: list[dict[str, Any]], datasets: list[Dataset], retrieval: Retrieval, args: argparse.Namespace,
+                   argv: list[str] | None, not_played: list[str]) -> None:
+    """The tables on the terminal, and the files ``--output-dir``, ``--json`` and ``--results-md`` ask for."""
     for dataset in datasets:
         rows = [row for row in table if row["dataset"] == dataset.name]
         if rows:
@@ -347,7 +384,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                   f"{to_markdown(table, 'Settings and results', not_played=not_played, level=3)}",
                                   command=command_line("python -m benchmarks.evaluate", argv))
         print(f"wrote the section {RESULTS_SECTION!r} of {args.results_md}")
-    return table
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ class RetrievalOptions:
         replay: answer searches from this file, building no retriever.
         replay_missing: what a search the replay file lacks does: ``error`` (the run stops), or
             ``live`` (searched with the retriever, which is then built, and added to the file).
+        probe: answer every real-data search with a probe of :class:`~search_env.sources.probes.ProbeSource`
+            (``empty``: no passages) instead of its results: how much an agent's score owes to what it finds.
     """
 
     retriever: str = "bm25"
@@ -66,6 +68,7 @@ class RetrievalOptions:
     record: Path | None = None
     replay: Path | None = None
     replay_missing: str = "error"
+    probe: str | None = None
 
     @property
     def has_retriever(self) -> bool:
@@ -142,6 +145,8 @@ class Retrieval:
             corpus = str(options.corpus) if options.corpus is not None else config["corpus"]
         if options.replay is not None:
             retriever += f", replayed from {options.replay}"
+        if options.probe is not None:
+            retriever += f", every search answered by the {options.probe!r} probe"
         return {"retriever": retriever, "corpus": corpus}
 
     def searched_with(self, dataset: Dataset) -> str:
@@ -238,7 +243,12 @@ class Retrieval:
         return source
 
     def _real_sources(self) -> dict[str, Source]:
-        return {REAL_SOURCE: self._wrapped(self.real_config(), REAL_SOURCE, self._live_real)}
+        source = self._wrapped(self.real_config(), REAL_SOURCE, self._live_real)
+        if self.options.probe is not None:
+            from search_env.sources.probes import ProbeSource
+
+            source = ProbeSource(source, self.options.probe, share=1.0)
+        return {REAL_SOURCE: source}
 
     def _world_sources(self, world: Any) -> dict[str, Source]:
         if self.recording is None:

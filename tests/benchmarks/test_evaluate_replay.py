@@ -196,3 +196,22 @@ def test_resuming_an_output_folder_with_another_corpus_of_the_same_name_is_refus
     err = _refused([*common, "--corpus", str(_other_corpus(corpus, tmp_path / "other")), "--episodes", "2"], capsys)
     assert err.startswith(f"error: {out} holds a run with retrieval=") and "'corpus_sha256'" in err
     assert [e["example_id"] for e in _episodes(out)] == ["q1"]  # nothing of the other corpus was mixed in
+
+
+def test_the_empty_probe_answers_every_search_with_nothing_and_a_resume_must_keep_it(real_format, tmp_path, capsys):
+    """--probe empty: the same searches are made, none returns a passage, and an output folder played with the
+    probe is not resumed without it (its episodes would mix two retrievals)."""
+    questions, corpus = real_format
+    out = tmp_path / "probed"
+    argv = ["--dataset", str(questions), "--corpus", str(corpus), "--protocols", "search-r1",
+            "--agents", "retrieve-then-answer", "--output-dir", str(out)]
+    (live,) = main(argv[:-2] + ["--output-dir", str(tmp_path / "live")])
+    (probed,) = main(argv + ["--probe", "empty"])
+    assert probed["searches"] == live["searches"] > 0
+    assert probed["retrieved_tokens"] < live["retrieved_tokens"]  # the result tags alone
+    calls = [call for episode in _episodes(out) for call in episode["tool_calls"]]
+    assert calls and all(call["passage_ids"] == [] for call in calls)
+    assert any(call["passage_ids"] for episode in _episodes(tmp_path / "live") for call in episode["tool_calls"])
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "probe" in capsys.readouterr().err
