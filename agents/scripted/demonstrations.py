@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from agents.scripted.agents import DialectWriter, run_episode
+from rewards.metrics import normalize
 from search_env.data.example import QAExample, SubQuestion
 from search_env.trajectory import Trajectory
 
-__all__ = ["DemonstrationAgent", "Demonstrations", "make_demonstrations"]
+__all__ = ["DemonstrationAgent", "Demonstrations", "gold_in_results", "make_demonstrations"]
 
 
 @dataclass
@@ -47,6 +48,18 @@ class Demonstrations:
         """Share of the multi-hop demonstrations that searched past the first lookup (NaN when none)."""
         multi = [full for full, n in zip(self.full, self.lookups) if n > 1]
         return sum(multi) / len(multi) if multi else float("nan")
+
+    def kept(self, keep: Callable[[Trajectory], bool]) -> Demonstrations:
+        """The demonstrations ``keep`` accepts, with their make-up.
+
+        Raises:
+            ValueError: it accepts none (a warm start would have nothing to clone).
+        """
+        chosen = [i for i, trajectory in enumerate(self.trajectories) if keep(trajectory)]
+        if self.trajectories and not chosen:
+            raise ValueError(f"none of the {len(self.trajectories)} demonstrations was kept")
+        return Demonstrations([self.trajectories[i] for i in chosen], [self.lookups[i] for i in chosen],
+                              [self.full[i] for i in chosen])
 
     @property
     def mean_reward(self) -> float:
@@ -118,6 +131,17 @@ def make_demonstrations(
         run_episode(env, DemonstrationAgent(full=full[i]), options={"example": ex}) for i, ex in enumerate(chosen)
     ]
     return Demonstrations(trajectories, lookups, full)
+
+
+def gold_in_results(trajectory: Trajectory, decode: Callable[[Sequence[int]], str]) -> bool:
+    """Whether a gold answer (SQuAD-normalised) is in the search results the episode read, ``decode``
+    turning their token ids into text: a demonstration that answers from its results teaches a pretrained
+    model to copy the answer out of a passage, where one whose results lack it teaches it to answer from
+    memory (what a small model does badly)."""
+    results = " ".join(decode(trajectory.token_ids[span.start:span.end]) for span in trajectory.spans
+                       if span.kind == "result")
+    text = f" {normalize(results)} "
+    return any(gold and f" {gold} " in text for gold in (normalize(answer) for answer in trajectory.golden_answers))
 
 
 def _lookups(example: QAExample) -> list[SubQuestion]:

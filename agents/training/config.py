@@ -171,6 +171,9 @@ class WarmStartConfig:
         learning_rate: the warm start's peak learning rate (linear warm-up, then a cosine decay to 0).
         second_hop_rate: share of multi-hop demonstrations that take the second hop (the rest answer
             with the bridge entity: a systematic mistake for RL to correct).
+        answerable_only: keep only the ``examples`` played whose results hold a gold answer
+            (:func:`~agents.scripted.demonstrations.gold_in_results`): a pretrained model learns to copy it.
+        export: write the policy after the warm start to ``warm_start_policy/``, to evaluate cloning alone.
         save_every: write a run checkpoint every this many warm-start steps (0: only before and after
             the warm start), so that a run stopped during a long warm start goes on from there.
         num_threads: torch's CPU threads during the warm start; ``None`` (the default): the cores other work
@@ -187,6 +190,8 @@ class WarmStartConfig:
     batch_size: int = 32
     learning_rate: float = 1e-3
     second_hop_rate: float = 1.0
+    answerable_only: bool = False
+    export: bool = field(default=False, metadata=RESUME_FREE)
     save_every: int = field(default=500, metadata=RESUME_FREE)
     num_threads: int | None = field(default=None, metadata=RESUME_FREE)
 
@@ -251,7 +256,7 @@ class RunConfig:
         gradient_checkpointing: recompute each transformer layer's activations in the backward pass instead
             of keeping them (Hugging Face's activation checkpointing, non-reentrant): less memory
             for long episodes, about a third more compute per update, the same gradients. Rollouts
-            (evaluation mode, with a KV cache) are unaffected; a resume may change it.
+            (evaluation mode, with a KV cache) are unaffected.
         num_threads: torch's CPU threads.
         output_dir: where logs, curve, config, checkpoint and the trained policy go. It must be writable
             (checked when the run starts, before any model is loaded by the command line).

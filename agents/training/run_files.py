@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = [
     "CHECKPOINTS_DIR", "CHECKPOINT_FILE", "CONFIG_FILE", "CURVE_FILE", "LOCK_FILE", "METRICS_FILE", "POLICY_DIR", "REPLACED_BY_NEW_RUN",
-    "RESUME_LOG", "RUN_MARKERS", "RunFiles", "SAMPLES_FILE", "TENSORBOARD_DIR", "WANDB_DIR",
+    "RESUME_LOG", "RUN_MARKERS", "RunFiles", "SAMPLES_FILE", "TENSORBOARD_DIR", "WANDB_DIR", "WARM_START_POLICY_DIR",
 ]
 
 METRICS_FILE = "metrics.jsonl"  #: one JSON record per logged step or evaluation stage
@@ -22,6 +22,7 @@ CONFIG_FILE = "config.json"  #: the settings the run has now (rewritten when a r
 CHECKPOINT_FILE = "checkpoint.pt"  #: the run's latest checkpoint (the trainer's state)
 CHECKPOINTS_DIR = "checkpoints"  #: beside it, the backend's folder of the step it names
 POLICY_DIR = "policy"  #: the trained policy, as a transformers model folder, once the run reached its steps
+WARM_START_POLICY_DIR = "warm_start_policy"  #: the policy right after the warm start (``warm_start.export``)
 SAMPLES_FILE = "samples.jsonl"  #: a few episodes as text every ``run.sample_every`` steps
 RESUME_LOG = "resume_log.jsonl"  #: one line per resume that changed settings: the step and the changes
 TENSORBOARD_DIR = "tensorboard"  #: TensorBoard's event files (``run.report_to: tensorboard``)
@@ -37,7 +38,7 @@ LOCK_FILE = "run.lock"  #: locked (``flock``) by the process that runs in the fo
 #: ``checkpoint.pt`` would let a later ``run.resume`` continue the old run, TensorBoard's events would
 #: mix two runs' curves. The lock file stays: the new run holds it.
 REPLACED_BY_NEW_RUN = (CHECKPOINT_FILE, CHECKPOINTS_DIR, METRICS_FILE, SAMPLES_FILE, CURVE_FILE, CONFIG_FILE, POLICY_DIR,
-                       RESUME_LOG, TENSORBOARD_DIR, WANDB_DIR)
+                       WARM_START_POLICY_DIR, RESUME_LOG, TENSORBOARD_DIR, WANDB_DIR)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class RunFiles:
     @property
     def policy(self) -> Path:
         return self.root / POLICY_DIR
+
+    @property
+    def warm_start_policy(self) -> Path:
+        return self.root / WARM_START_POLICY_DIR
 
     @property
     def samples(self) -> Path:

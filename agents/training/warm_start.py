@@ -22,7 +22,7 @@ import torch
 
 from agents.policies.policy import HFPolicy
 from agents.rollout.batch import TrainBatch, build_batch
-from agents.scripted.demonstrations import Demonstrations, make_demonstrations
+from agents.scripted.demonstrations import Demonstrations, gold_in_results, make_demonstrations
 from agents.training.backends import TrainingBackend
 from agents.training.backends.schedules import warmup_cosine
 from agents.training.config import TrainConfig
@@ -169,6 +169,8 @@ def _warm_start(backend: TrainingBackend, config: TrainConfig, env: Any, example
         single, single.examples if examples is None else examples, options.examples,
         second_hop_rate=options.second_hop_rate, seed=seed,
     )
+    if options.answerable_only:
+        demos = demos.kept(lambda trajectory: gold_in_results(trajectory, policy.codec.decode))
     trajectories = demos.trajectories
     copy_losses: list[float] = [] if progress is None else list(progress.copy_losses)
     if options.copy_steps > 0 and progress is None:

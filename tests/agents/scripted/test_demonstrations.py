@@ -98,3 +98,22 @@ def test_a_question_without_a_decomposition_searches_itself_then_answers(env):
         assert traj.answer == example.golden_answers[0] and traj.reward == 1.0
     with pytest.raises(ValueError, match="no gold answer"):
         make_demonstrations(env, [replace(plain[0], golden_answers=[])], 1, second_hop_rate=0.0)
+
+
+def test_only_demonstrations_whose_results_hold_the_gold_are_kept():
+    """The answer-copying filter reads the search results only (the demonstration's own answer span always
+    holds the gold) and matches whole normalised words ("Ann" is not in "anna")."""
+    from agents.scripted.demonstrations import gold_in_results
+    from search_env.data.example import QAExample
+    from tests.conftest import CountingSource
+
+    examples = [QAExample("a", "where was Anna born", ["ANNA"]), QAExample("b", "where was Bob born", ["Paris"]),
+                QAExample("c", "where was Anna born", ["Ann"])]
+    env = SearchQAEnv(protocol="search-r1", dataset=examples, sources=CountingSource("wiki"))
+    demos = make_demonstrations(env, examples, 3, second_hop_rate=0.0, seed=1)
+    assert all(t.reward == 1.0 for t in demos.trajectories)  # every demonstration answers with its gold
+    kept = demos.kept(lambda t: gold_in_results(t, env.codec.decode))
+    assert [t.example_id for t in kept.trajectories] == ["a"]
+    assert kept.lookups == [1] and kept.full == [True]
+    with pytest.raises(ValueError, match="none of the 3 demonstrations"):
+        demos.kept(lambda t: False)

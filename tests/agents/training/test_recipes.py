@@ -29,6 +29,8 @@ from rewards.registry import get as get_preset  # noqa: E402
 from search_env.protocols import get_protocol  # noqa: E402
 
 CONFIGS = REPO_ROOT / "agents" / "configs"
+#: The real-model recipes: SmolLM2 on a CPU, and its GPU line (model left to the user).
+REAL_RECIPES = ["real-smollm2", "real-qwen2.5-3b"]
 SEED_RECIPES = ["r-search-grpo", "r1-searcher-grpo", "research-grpo", "search-r1-grpo", "search-r1-ppo"]
 
 # verl's GRPO in Search-R1, R-Search and ReSearch: low_var_kl (k3) as a loss term, clamped to [-10, 10];
@@ -133,7 +135,7 @@ def _leaf_keys(mapping: dict, prefix: str = "") -> set[str]:
 
 
 def test_the_recipe_set():
-    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(SEED_RECIPES + ["demo"])
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(SEED_RECIPES + ["demo", *REAL_RECIPES])
     assert set(PAPERS) == set(SEED_RECIPES)
 
 
@@ -144,10 +146,10 @@ def test_recipe_carries_its_papers_settings(name):
     assert {key: settings[key] for key in expected} == expected
 
 
-@pytest.mark.parametrize("name", SEED_RECIPES + ["demo"])
+@pytest.mark.parametrize("name", SEED_RECIPES + ["demo", *REAL_RECIPES])
 def test_every_recipe_key_is_a_field_and_names_real_parts(name):
     raw = yaml.safe_load(_recipe(name).read_text(encoding="utf-8"))
-    config = _config(name) if name != "demo" else parse_config(["--config", str(_recipe(name))])
+    config = _config(name) if raw["model"]["name"] == MISSING else parse_config(["--config", str(_recipe(name))])
     # Every key the recipe sets is a field of the parsed config (the parser refuses any other).
     parsed = _leaf_keys(config.as_dict())
     assert _leaf_keys(raw) - {"algo"} <= parsed, sorted(_leaf_keys(raw) - parsed)
@@ -201,3 +203,15 @@ def test_the_demo_recipe_is_the_demo():
     flat["algo"] = config.algo
     assert {key: flat[key] for key in DEMO} == DEMO
     assert "import" not in _recipe("demo").read_text(encoding="utf-8")
+
+
+def test_the_real_model_gpu_line_is_the_cpu_task_at_the_papers_budgets():
+    """Same questions, split, protocol and reward as the SmolLM2 recipe; Search-R1's GRPO settings and budgets."""
+    cpu = parse_config(["--config", str(_recipe("real-smollm2"))])
+    gpu = _config("real-qwen2.5-3b")
+    assert gpu.data == cpu.data and gpu.env.protocol == cpu.env.protocol == "search-r1"
+    assert (cpu.data.dataset, cpu.data.eval_dataset) == ("real-qa@train", "real-qa@held-out")
+    paper = PAPERS["search-r1-grpo"]
+    assert {key: _settings(gpu)[key] for key in paper} == paper
+    assert (gpu.rollout.engine, gpu.run.dtype, gpu.warm_start.steps) == ("vllm", "bf16", 0)
+    assert cpu.warm_start.steps > 0 and cpu.warm_start.answerable_only and cpu.model.name == "smollm2"

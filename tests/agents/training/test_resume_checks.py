@@ -62,7 +62,7 @@ FREE = {
     "run.output_dir", "run.log_entropy", "run.allow_changes", "run.overwrite", "run.print_every", "run.sample_every",
     "run.warn_failed_searches", "warm_start.save_every", "warm_start.num_threads", "optim.max_skipped_updates", "eval.every",
     "eval.by_hops", "eval.periodic_sampled", "rollout.env_worker", "rollout.sync_check", "rollout.sync_tolerance",
-    "run.gradient_checkpointing", "run.collective_timeout_s",
+    "run.gradient_checkpointing", "run.collective_timeout_s", "warm_start.export",
 }
 
 

@@ -1,0 +1,151 @@
+"""The real-model benchmark's numbers: per-set and seven-set held-out scores with bootstrap intervals over
+questions, read from the evaluation harness's episodes, and the record, table and figure made of them.
+
+The seven-set average is the mean of the sets' means (each set weighs the same, as the papers' tables
+average them). Its 95% interval resamples questions with replacement within each set, independently
+(a stratified bootstrap over questions), and takes the percentiles of the resampled averages: the
+interval says how much the average would move with other questions of the same sets, not with another
+training seed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["METRICS", "Row", "bootstrap_average", "format_table", "plot_training", "read_rows", "set_scores"]
+
+#: The answer metrics of the table, as the harness's episodes name them.
+METRICS = ("em", "f1", "cover_em")
+#: Bootstrap resamples of an interval.
+REPS = 2000
+
+
+@dataclass
+class Row:
+    """One system of the table: its scores per set and over the seven sets.
+
+    Attributes:
+        name: what the table calls it (``direct``, ``trained`` ...).
+        role: ``baseline``, ``untrained``, ``cold-start``, ``trained`` or ``trained-empty-source``.
+        agent: the harness's agent spec that played it.
+        per_set: ``{set: {metric: mean, "questions": n, "searches": mean}}``.
+        average: ``{metric: {"mean", "ci_low", "ci_high"}}`` over the sets.
+        searches_per_episode: search calls per episode over every set's questions.
+        no_search_share: share of the episodes that made no search call.
+    """
+
+    name: str
+    role: str
+    agent: str
+    per_set: dict[str, dict[str, float]]
+    average: dict[str, dict[str, float]]
+    searches_per_episode: float
+    no_search_share: float
+
+    def as_record(self) -> dict[str, Any]:
+        """The row as ``summary.json`` holds it (``avg_em``, ``ci_low`` and ``ci_high`` at the top)."""
+        em = self.average["em"]
+        return {"name": self.name, "role": self.role, "agent": self.agent, "avg_em": em["mean"], "ci_low": em["ci_low"],
+                "ci_high": em["ci_high"], "average": self.average, "searches_per_episode": self.searches_per_episode,
+                "no_search_share": self.no_search_share, "per_set": self.per_set}
+
+
+def set_scores(episodes: Iterable[Mapping[str, Any]], agent: str) -> dict[str, dict[str, list[float]]]:
+    """``{set: {metric: [one value per question]}}`` for ``agent``'s episodes (the harness's
+    ``episodes.jsonl`` rows), with ``searches`` among the metrics."""
+    scores: dict[str, dict[str, list[float]]] = {}
+    for episode in episodes:
+        if episode["agent"] != agent:
+            continue
+        per_set = scores.setdefault(episode["dataset"], {name: [] for name in (*METRICS, "searches")})
+        for name in (*METRICS, "searches"):
+            per_set[name].append(float(episode["metrics"][name]))
+    return scores
+
+
+def bootstrap_average(values_by_set: Sequence[Sequence[float]], *, reps: int = REPS, seed: int = 0,
+                      confidence: float = 0.95) -> dict[str, float]:
+    """The mean of the sets' means and its percentile interval from a bootstrap that resamples each set's
+    questions with replacement (see the module docstring).
+
+    Raises:
+        ValueError: no sets, or a set without questions.
+    """
+    if not values_by_set or any(len(values) == 0 for values in values_by_set):
+        raise ValueError("every set needs at least one question")
+    rng = np.random.default_rng(seed)
+    resampled = np.zeros(reps)
+    for values in values_by_set:
+        array = np.asarray(values, dtype=float)
+        picks = rng.integers(0, len(array), size=(reps, len(array)))
+        resampled += array[picks].mean(axis=1)
+    resampled /= len(values_by_set)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(resampled, [tail, 100 - tail])
+    mean = float(np.mean([np.mean(values) for values in values_by_set]))
+    return {"mean": mean, "ci_low": float(low), "ci_high": float(high)}
+
+
+def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets: Sequence[str]) -> list[Row]:
+    """The table's rows for ``systems`` (``(name, role, agent spec)``) from one harness output's episodes, over
+    ``sets`` (the harness's dataset names). A system without episodes of every set is left out.
+    """
+    episodes = [json.loads(line) for line in episodes_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for name, role, agent in systems:
+        scores = set_scores(episodes, agent)
+        if any(not scores.get(s, {}).get("em") for s in sets):
+            continue
+        per_set = {s: {**{m: float(np.mean(scores[s][m])) for m in (*METRICS, "searches")},
+                       "questions": float(len(scores[s]["em"]))} for s in sets}
+        average = {m: bootstrap_average([scores[s][m] for s in sets], seed=i) for i, m in enumerate(METRICS)}
+        searches = [v for s in sets for v in scores[s]["searches"]]
+        rows.append(Row(name, role, agent, per_set, average, float(np.mean(searches)),
+                        float(np.mean([v == 0 for v in searches]))))
+    return rows
+
+
+def format_table(rows: Sequence[Row], sets: Sequence[str]) -> str:
+    """A markdown table: EM per set (``sets``: the harness's names, shown without ``@held-out``), the seven-set
+    EM, F1 and cover-EM with their intervals, searches."""
+    header = ["system", "role", *(s.split("@")[0] for s in sets), "avg EM [95% CI]", "avg F1", "avg cover-EM", "searches", "no search"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        em = row.average["em"]
+        cells = [row.name, row.role, *(f"{row.per_set[s]['em']:.3f}" for s in sets),
+                 f"{em['mean']:.3f} [{em['ci_low']:.3f}, {em['ci_high']:.3f}]", f"{row.average['f1']['mean']:.3f}",
+                 f"{row.average['cover_em']['mean']:.3f}", f"{row.searches_per_episode:.2f}", f"{row.no_search_share:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_training(metrics_file: Path, path: Path, *, title: str = "") -> Path:
+    """Held-out greedy EM at each evaluation of the run beside its training reward per step (``metrics.jsonl``
+    of the training run), in one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    evals = [(r.get("step", 0), r["eval/greedy/em"], r.get("stage")) for r in records if "eval/greedy/em" in r]
+    steps = [(r["step"], r["reward"]) for r in records if "reward" in r and "step" in r and "stage" not in r]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if steps:
+        axis.plot(*zip(*steps), color="tab:gray", alpha=0.7, label="training reward (per step)")
+    if evals:
+        x = [step + (0.0 if stage != "warm start" else 0.001) for step, _, stage in evals]
+        axis.plot(x, [em for _, em, _ in evals], marker="o", color="tab:blue", label="held-out greedy EM")
+    axis.set_xlabel("RL step (0: before RL, after the cold start)")
+    axis.set_ylabel("EM / reward")
+    axis.set_ylim(bottom=0)
+    axis.legend()
+    axis.set_title(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

