@@ -10,8 +10,8 @@ questions come from :mod:`search_env.data.splits`: training on ``real-qa@train``
 training on the first held-out questions, and every row of the table on the first ``--episodes`` held-out
 questions of each of the seven sets (``nq@held-out`` ...): never trained on, and nothing is tuned on them.
 
-Stages, in order; each is skipped when its output is complete and resumed where it stopped otherwise (run the
-same command again after a stop):
+Stages, in order; each is skipped when the same command finished before (``done/<stage>.json`` holds it) and
+resumed where it stopped otherwise (run the same command again after a stop):
 
 ``train``
     The recipe's run, cold start then RL, in ``run/``: the command in ``command.json`` (``python -m
@@ -59,11 +59,10 @@ BASELINES = (("untrained (protocol)", "untrained", "hf:{model}"), ("direct", "ba
              ("CoT", "baseline", "cot:{model}"), ("naive RAG", "baseline", "naive-rag:{model}"),
              ("IRCoT", "baseline", "ircot:{model}"))
 #: What ``--quick`` changes in the recipe: every stage runs, on a few steps and questions.
-QUICK = {"warm_start.steps": 2, "warm_start.examples": 64, "warm_start.save_every": 1, "run.steps": 2,
-         "rollout.questions_per_step": 2, "algorithm.group_size": 2, "env.max_new_tokens": 48, "eval.questions": 7,
-         "eval.every": 0}
+QUICK = {"warm_start.steps": 2, "warm_start.examples": 32, "warm_start.save_every": 1, "run.steps": 2,
+         "rollout.questions_per_step": 2, "algorithm.group_size": 2, "env.max_new_tokens": 32, "eval.questions": 0}
 #: Held-out questions per set of the table with ``--quick``.
-QUICK_EPISODES = 2
+QUICK_EPISODES = 1
 #: The baselines ``--quick`` plays (one of each role; the harness's own tests cover the others).
 QUICK_BASELINES = ("untrained (protocol)", "direct")
 
@@ -91,11 +90,18 @@ def _recipe(config: str, changes: Sequence[str]) -> Any:
     return parse_config(["--config", config, *changes])
 
 
-def _run(command: Sequence[str], what: str) -> None:
-    print(f"[real_model] {what}: {shlex.join(command)}", file=sys.stderr, flush=True)
-    status = subprocess.call([sys.executable, *command[1:]] if command[0] == "python" else list(command))
+def _run(command: Sequence[str], what: str, done: Path, resume: Sequence[str] = ()) -> None:
+    """Run a stage's command (with ``resume``'s flags), unless ``done`` says this very command finished; mark it
+    done when it ends well."""
+    if done.is_file() and json.loads(done.read_text(encoding="utf-8")) == list(command):
+        print(f"[real_model] {what}: done already ({done})", file=sys.stderr, flush=True)
+        return
+    print(f"[real_model] {what}: {shlex.join([*command, *resume])}", file=sys.stderr, flush=True)
+    status = subprocess.call([sys.executable, *command[1:], *resume])
     if status != 0:
         raise SystemExit(f"error: {what} ended with status {status}; run the same command again to resume")
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(list(command)) + "\n", encoding="utf-8")
 
 
 def _evaluate(out: Path, agents: Sequence[str], config: Any, episodes: int, *, probe: str | None = None) -> list[str]:
@@ -148,15 +154,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     systems = _systems(config, run_dir, args.quick)
     command = train_command(args.config, changes, run_dir)
     (out / "command.json").write_text(json.dumps(command) + "\n", encoding="utf-8")
+    done = out / "done"
     if "train" in args.stages:
         resume = ["--run.resume", "true"] if (run_dir / "checkpoint.pt").is_file() else []
-        _run(command + resume, "train")
+        _run(command, "train", done / "train.json", resume)
     if "baselines" in args.stages:
-        _run(_evaluate(out / "eval" / "baselines", [a for _, _, a in systems["baselines"]], config, episodes), "baselines")
+        _run(_evaluate(out / "eval" / "baselines", [a for _, _, a in systems["baselines"]], config, episodes), "baselines",
+             done / "baselines.json")
     if "trained" in args.stages:
-        _run(_evaluate(out / "eval" / "trained", [a for _, _, a in systems["trained"]], config, episodes), "trained")
+        _run(_evaluate(out / "eval" / "trained", [a for _, _, a in systems["trained"]], config, episodes), "trained",
+             done / "trained.json")
         _run(_evaluate(out / "eval" / "empty", [a for _, _, a in systems["empty"]], config, episodes, probe="empty"),
-             "trained, empty source")
+             "trained, empty source", done / "empty.json")
     if "report" in args.stages:
         _report(out, command, systems, args.record)
 
