@@ -22,8 +22,16 @@ registered in ``search_env`` (:func:`search_env.sources.register_source`).
 """
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from typing import Any
+
+# MKL's matrix products sum in an order that depends on the thread count unless told otherwise: on an
+# AVX-512 CPU a weight gradient on two threads differs in its last bits from one thread's, so a run whose
+# warm start follows the free cores (agents.training.cpu_threads) would depend on the machine's load. Strict
+# conditional numerical reproducibility makes the products the same on any thread count; MKL reads the
+# setting at its first product, so it is set here, before any. A value the user set is kept.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from agents.scripted import (
     DialectWriter, NoSearchAgent, OracleAgent, RetrieveThenAnswerAgent, ScriptedAgent, ScriptedRolloutAgent, run_episode,

@@ -6,6 +6,7 @@ import os
 # loads: a CI machine with many cores would otherwise run two OpenMP runtimes' thread pools side by side.
 for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # products independent of the thread count (see agents/__init__.py)
 
 import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -38,7 +38,7 @@ class FollowFreeCores:
     begins (1 where the load is not known), looked at again every ``every_s`` seconds of it (the load
     average moves over about a minute, so a few looks a minute follow it), and the time-weighted mean kept
     for the run's log. Results do not depend on the count (the phase's numbers are the same on one thread
-    as on two); its minutes do."""
+    as on two, with MKL's strict reproducibility, which importing :mod:`agents` turns on); its minutes do."""
 
     def __init__(self, every_s: float = 15.0) -> None:
         self.every_s = every_s

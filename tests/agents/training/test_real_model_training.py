@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import agents.train  # noqa: E402
 import agents.training.build  # noqa: E402
-import agents.training.step_rollout  # noqa: E402
+import agents.training.rollout_driver  # noqa: E402
 from agents import RetrieveThenAnswerAgent, run_episode  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
 from search_env.data.loaders import load_dataset  # noqa: E402
@@ -67,7 +67,7 @@ class Run:
 def run(shared_data, tmp_path_factory) -> Run:
     out = tmp_path_factory.mktemp("smollm2-grpo")
     record = Run(output_dir=out)
-    real_build, real_collect = agents.training.build.build_trainer, agents.training.step_rollout.collect_rollouts
+    real_build, real_collect = agents.training.build.build_trainer, agents.training.rollout_driver.collect_rollouts
 
     def build_trainer(config, **options):
         trainer = real_build(config, **options)
@@ -112,7 +112,7 @@ def run(shared_data, tmp_path_factory) -> Run:
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setattr(agents.training.build, "build_trainer", build_trainer)
-        patch.setattr(agents.training.step_rollout, "collect_rollouts", collect_rollouts)
+        patch.setattr(agents.training.rollout_driver, "collect_rollouts", collect_rollouts)
         record.exit_status = agents.train.main(argv)
     record.stdout = printed.getvalue()
     return record
