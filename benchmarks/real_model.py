@@ -1,5 +1,6 @@
-"""A pretrained model learns to search real questions: SmolLM2-135M-Instruct, cold start and RL, against its
-untrained baselines, on the held-out side of the fixed split of the seven QA sets.
+"""A pretrained model (SmolLM2-135M) learns to search real questions, against its untrained baselines.
+
+Cold start and RL, then every row of the table on the held-out side of the fixed split of the seven QA sets.
 
     python -m benchmarks.real_model                      # the whole pipeline (hours on a 2-core CPU); resumes
     python -m benchmarks.real_model --quick              # every stage at a few steps and questions (minutes)

