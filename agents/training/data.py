@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from agents.training.config import DataConfig, TrainConfig
     from search_env.synthetic import SyntheticWorld
 
-__all__ = ["Data", "QuestionOrder", "RunData", "build_data", "data_settings", "light_stem", "split_data", "synthetic_data",
+__all__ = ["Data", "QuestionOrder", "RunData", "answerable", "build_data", "data_settings", "light_stem", "split_data", "synthetic_data",
            "synthetic_world", "world_sources"]
 
 Data = tuple[list[QAExample], dict[str, Source]]
@@ -63,11 +63,29 @@ def split_data(config: TrainConfig) -> tuple[Data, Data | None]:
     if held_out is None and n_eval > 0 and len(examples) <= n_eval:
         raise ValueError(f"dataset {data.dataset!r} has {len(examples)} questions: too few to hold out eval.questions={n_eval}")
     sources = {"wiki": _corpus_source(config)}
+    if held_out is None and n_eval > 0:
+        examples, held_out = examples[:-n_eval], examples[-n_eval:]
+    if data.answerable_at is not None:
+        examples = answerable(examples, sources["wiki"], data.answerable_at)
     if n_eval <= 0:
         return (examples, sources), None
-    if held_out is not None:
-        return (examples, sources), (held_out, sources)
-    return (examples[:-n_eval], sources), (examples[-n_eval:], sources)
+    return (examples, sources), (held_out, sources)
+
+
+def answerable(examples: list[QAExample], source: Source, k: int) -> list[QAExample]:
+    """The ``examples`` whose gold answer (SQuAD-normalised, as the EM reward compares it) is in the first
+    ``k`` passages ``source`` returns for the question itself. Raises ``ValueError`` when none is."""
+    from rewards.metrics import normalize
+
+    results = source.search([example.question for example in examples], k)
+    kept = []
+    for example, passages in zip(examples, results):
+        text = " " + normalize(" ".join(f"{p.title} {p.text}" for p in passages)) + " "
+        if any(gold and f" {gold} " in text for gold in map(normalize, example.golden_answers)):
+            kept.append(example)
+    if not kept:
+        raise ValueError(f"no training question has its gold answer in the first {k} passages it retrieves (data.answerable_at)")
+    return kept
 
 
 @dataclass

@@ -27,6 +27,11 @@ class DataConfig:
             one that fails). Every rank of a data-parallel run, on every machine, searches the same
             servers.
         eval_dataset: held-out questions of a real dataset (default: its last ``eval.questions`` questions).
+        answerable_at: train only on the real questions whose gold answer is in the first ``answerable_at``
+            passages the question itself retrieves (``None``: every question). A small pretrained model
+            whose cold start taught it to search the question and copy the answer gets a reward on those
+            alone, so a group of its answers to any other question is all wrong and teaches nothing.
+            Held-out questions are never filtered.
         world_seed: seed of the synthetic world trained on.
         world_size: questions of the synthetic world trained on.
         world_max_hops: most lookups a synthetic question takes (1: single-hop questions only).
@@ -49,6 +54,7 @@ class DataConfig:
     retriever: str = "bm25"
     retrieval_url: str | None = None
     eval_dataset: str | None = None
+    answerable_at: int | None = None
     world_seed: int = 0
     world_size: int = 1000
     world_max_hops: int = 2
@@ -60,7 +66,7 @@ class DataConfig:
     bm25_stemmer: str | None = None
 
     def __post_init__(self) -> None:
-        check_positive("data", self, "world_size", "world_max_hops", "world_scale", "world_stem_tokens")
+        check_positive("data", self, "world_size", "world_max_hops", "world_scale", "world_stem_tokens", "answerable_at")
         if not SOURCES.has(self.retriever):
             raise UnknownNameError("data.retriever", self.retriever, SOURCES.names())
         if self.bm25_stemmer not in (None, "light"):
@@ -70,6 +76,8 @@ class DataConfig:
             raise ValueError("data.corpus is for a real data.dataset; the synthetic world brings its own passages")
         if synthetic and self.eval_dataset is not None:
             raise ValueError("data.eval_dataset needs a real data.dataset (held-out synthetic questions come from data.eval_world_seed)")
+        if synthetic and self.answerable_at is not None:
+            raise ValueError("data.answerable_at is for a real data.dataset; every synthetic question is answerable")
         if synthetic and self.retrieval_url is not None:
             raise ValueError("data.retrieval_url is for a real data.dataset; the synthetic world searches its own passages")
         if not synthetic and self.corpus is None and self.retrieval_url is None:

@@ -1,6 +1,8 @@
 """A run's synthetic data (:mod:`agents.training.data`): large worlds of chain questions with two-token
 names, BM25 over lightly stemmed words, held-out worlds of new words; and the compact Search-R1 dialect
 the demo trains with."""
+import json
+
 import pytest
 
 from agents.scripted.agents import OracleAgent, run_episode
@@ -120,3 +122,49 @@ def test_dataset_files_are_read_before_the_corpus_is_indexed(tmp_path, monkeypat
     with pytest.raises(ValueError):
         split_data(config)
     assert built == []
+
+
+def _real_files(tmp_path):
+    corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "qa.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in [
+        {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
+        {"id": "p2", "title": "Vessa", "text": "Vessa is the capital city of Norland."},
+        {"id": "p3", "title": "Kettle", "text": "A kettle boils water."},
+    ]), encoding="utf-8")
+    rows = [("q1", "Which company did Bob Smith found?", ["zarbo."]),  # in its first result, once normalised
+            ("q2", "What is the capital city of Norland?", ["Old Vessa", "Vessa"]),  # the second gold is
+            ("q3", "What does a kettle boil?", ["tea"]),  # its passage is found, its answer is not there
+            ("q4", "Who founded Zarbo?", ["Smith"]),  # a gold word inside a longer name counts: the EM check is on words
+            ("q5", "Which city is the capital?", ["Norland"])]
+    questions.write_text("".join(json.dumps({"id": i, "question": q, "golden_answers": a}) + "\n" for i, q, a in rows),
+                         encoding="utf-8")
+    return questions, corpus
+
+
+def test_answerable_keeps_the_questions_whose_gold_their_own_search_returns(tmp_path):
+    from agents.training.data import answerable
+    from search_env.data.loaders import load_dataset
+    from search_env.sources.bm25 import BM25Source
+
+    questions, corpus = _real_files(tmp_path)
+    source = BM25Source(corpus)
+    examples = load_dataset(str(questions))
+    assert [e.id for e in answerable(examples, source, 1)] == ["q1", "q2", "q4", "q5"]
+    assert [e.id for e in answerable(examples[2:3] + examples[4:], source, 1)] == ["q5"]
+    with pytest.raises(ValueError, match=r"^no training question has its gold answer in the first 1 passages"):
+        answerable(examples[2:3], source, 1)
+
+
+def test_answerable_at_filters_training_questions_and_never_the_held_out_ones(tmp_path):
+    from agents.training.config import TrainConfig
+    from agents.training.data import split_data
+
+    questions, corpus = _real_files(tmp_path)
+    settings = {"data.dataset": str(questions), "data.corpus": str(corpus), "eval.questions": 2,
+                "run.output_dir": str(tmp_path / "run")}
+    (train, _), (held_out, _) = split_data(TrainConfig("grpo").updated(settings))
+    assert [e.id for e in train] == ["q1", "q2", "q3"] and [e.id for e in held_out] == ["q4", "q5"]
+    (train, _), (held_out, _) = split_data(TrainConfig("grpo").updated({**settings, "data.answerable_at": 1}))
+    assert [e.id for e in train] == ["q1", "q2"] and [e.id for e in held_out] == ["q4", "q5"]
+    with pytest.raises(ValueError, match=r"^data.answerable_at is for a real data.dataset"):
+        TrainConfig("grpo").updated({"data.answerable_at": 1})
