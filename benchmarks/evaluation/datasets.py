@@ -10,14 +10,13 @@ questions; the table says which subset it was.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from search_env.data.example import QAExample
 from search_env.data.loaders import DATA_DIR_ENV, load_dataset
-from search_env.data.splits import is_split_name
+from search_env.data.splits import default_data_dir, is_split_name
 
 __all__ = ["DATASET_FILES", "SYNTHETIC", "WORLD_SEED", "Dataset", "default_data_dir", "load_datasets", "resolve_dataset_path"]
 
@@ -55,12 +54,6 @@ class Dataset:
         """Which questions were asked, for the table: ``all 125`` or ``first 100 of 439``."""
         n = len(self.examples)
         return f"all {n}" if n == self.total else f"first {n} of {self.total}"
-
-
-def default_data_dir() -> Path:
-    """``$SEARCHQA_DATA`` when set, else ``shared/data`` beside the repository (``../shared/data``)."""
-    configured = os.environ.get(DATA_DIR_ENV)
-    return Path(configured) if configured else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def resolve_dataset_path(spec: str, data_dir: Path | None = None) -> Path:

@@ -36,7 +36,7 @@ from typing import Literal
 from search_env.data.example import QAExample
 
 __all__ = ["ALL_SETS", "HELD_OUT", "HELD_OUT_SETS", "SETS", "SPLITS", "TRAIN_CAP", "VALIDATION", "SetFile",
-           "is_split_name", "load_split", "split_key", "split_of"]
+           "default_data_dir", "is_split_name", "load_split", "split_key", "split_of"]
 
 Split = Literal["train", "validation", "held-out"]
 #: The splits a set can be read as.
@@ -120,7 +120,7 @@ def load_split(name: str, data_dir: str | Path | None = None) -> list[QAExample]
     if split not in SPLITS or (base not in SETS and base != ALL_SETS):
         raise ValueError(f"unknown split {name!r}: give SET@SPLIT with SET one of {ALL_SETS}, {', '.join(SETS)} "
                          f"and SPLIT one of {', '.join(SPLITS)}")
-    folder = _data_folder(data_dir)
+    folder = Path(data_dir) if data_dir is not None else default_data_dir()
     names = list(SETS) if base == ALL_SETS else [base]
     parts = [_read_split(folder, SETS[set_name], split) for set_name in names]
     if base != ALL_SETS or split == "train":
@@ -139,10 +139,9 @@ def _read_split(folder: Path, set_file: SetFile, split: str) -> list[QAExample]:
     return split_of(load_flashrag_jsonl(path), set_file)[split]
 
 
-def _data_folder(data_dir: str | Path | None) -> Path:
+def default_data_dir() -> Path:
+    """``$SEARCHQA_DATA`` when set, else ``shared/data`` beside the repository (``../shared/data``)."""
     from search_env.data.loaders import DATA_DIR_ENV
 
-    if data_dir is not None:
-        return Path(data_dir)
     configured = os.environ.get(DATA_DIR_ENV)
     return Path(configured) if configured else Path(__file__).resolve().parents[3] / "shared" / "data"
