@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -21,17 +20,17 @@ from tests.conftest import MACHINE_KEYS, REPO_ROOT, default_sigint_in_child, ski
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
 import torch  # noqa: E402
 
-from agents.learners import ALGORITHMS, GRPO, GRPOConfig  # noqa: E402
+from agents.learners import ALGORITHMS  # noqa: E402
 from agents.training.build import build_trainer  # noqa: E402
 from agents.training.callbacks import Callback  # noqa: E402
 from agents.training.checkpoint import load_checkpoint  # noqa: E402
-from agents.training.config import RESUME_FREE, TrainConfig  # noqa: E402
+from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.data import QuestionOrder  # noqa: E402
 from agents.training.resume import free_settings  # noqa: E402
 from agents.training.run_stages import run_start  # noqa: E402
 from agents.training.run_state import START_PARTS, RunState  # noqa: E402
 from agents.training.trainer import Trainer  # noqa: E402
-from tests.agents.training.tiny import records, run, small_config  # noqa: E402
+from tests.agents.training.tiny import ProbedGRPO, records, run, small_config  # noqa: E402
 
 #: The tiny run, two steps of which the first is done before each resume.
 BASE = {"run.steps": 2, "eval.questions": 0, "model.tiny_layers": 1, "model.tiny_hidden": 32, "model.tiny_heads": 2}
@@ -65,17 +64,6 @@ FREE = {
     "run.gradient_checkpointing", "run.collective_timeout_s", "warm_start.export",
 }
 
-
-@dataclass
-class ProbedGRPOConfig(GRPOConfig):
-    probe_every: int = field(default=0, metadata=RESUME_FREE)
-
-
-class ProbedGRPO(GRPO):
-    """GRPO with a setting of its own that a resume may change (declared free at its field)."""
-
-    name = "test-probed-grpo"
-    config_class = ProbedGRPOConfig
 
 
 def test_the_free_settings_are_declared_at_their_fields_in_any_group(monkeypatch):

@@ -5,31 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
 
 import pytest
 
 from tests.conftest import skip_without
 
 skip_without("agents", "torch", "jsonargparse")
-from agents.learners import ALGORITHMS, GRPO, GRPOConfig  # noqa: E402
+from agents.learners import ALGORITHMS  # noqa: E402
 from agents.rollout.engines import ENGINES  # noqa: E402
 from agents.train import parse_config  # noqa: E402
 from agents.training.backends.base import BACKENDS  # noqa: E402
-from agents.training.config import RESUME_FREE, TrainConfig  # noqa: E402
+from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.resume import FREE_NOTE  # noqa: E402
+from tests.agents.training.tiny import ProbedGRPO  # noqa: E402
 
-
-@dataclass
-class NotedGRPOConfig(GRPOConfig):
-    note_every: int = field(default=0, metadata=RESUME_FREE)
-
-
-class NotedGRPO(GRPO):
-    """GRPO with a setting of its own that a resume may change (declared free at its field)."""
-
-    name = "test-noted-grpo"
-    config_class = NotedGRPOConfig
 
 
 def _help(capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, str]:
@@ -73,7 +62,7 @@ def test_each_choices_own_options_are_marked_from_their_fields(flag, capsys):
 
 
 def test_a_registered_algorithms_free_setting_is_marked(monkeypatch, capsys):
-    monkeypatch.setitem(ALGORITHMS, NotedGRPO.name, NotedGRPO)
-    flags = _help(capsys, "--algo", NotedGRPO.name)
-    assert FREE_NOTE in flags["--algorithm.note_every"]
-    _check_marks(flags, _declared(TrainConfig(NotedGRPO.name)))
+    monkeypatch.setitem(ALGORITHMS, ProbedGRPO.name, ProbedGRPO)
+    flags = _help(capsys, "--algo", ProbedGRPO.name)
+    assert FREE_NOTE in flags["--algorithm.probe_every"]
+    _check_marks(flags, _declared(TrainConfig(ProbedGRPO.name)))

@@ -1,12 +1,15 @@
 """Tiny runs shared by the trainer's tests: a config that trains in seconds on the tiny model, a runner
-that closes the environments, the metrics log's records, and a batch to compare log-probs on."""
+that closes the environments, the metrics log's records, a batch to compare log-probs on, and a user's
+algorithm with a setting a resume may change."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from agents.training.config import TrainConfig
+from agents.learners import GRPO, GRPOConfig
+from agents.training.config import RESUME_FREE, TrainConfig
 
 #: 2 questions x 2 samples of at most 16 tokens, two optimiser steps per update pass and two passes, KL
 #: and entropy terms on so that every update moves the weights.
@@ -56,3 +59,16 @@ def probe_batch(vocab: int, rows: int = 3, width: int = 12, seed: int = 0):
 
 def records(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@dataclass
+class ProbedGRPOConfig(GRPOConfig):
+    probe_every: int = field(default=0, metadata=RESUME_FREE)
+
+
+class ProbedGRPO(GRPO):
+    """GRPO with a setting of its own that a resume may change (declared free at its field); register it
+    in a test with ``monkeypatch.setitem(ALGORITHMS, ProbedGRPO.name, ProbedGRPO)``."""
+
+    name = "test-probed-grpo"
+    config_class = ProbedGRPOConfig
