@@ -67,6 +67,24 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+#: A two-passage corpus in the real format (``{id, title, text}``) for tests of real-data paths.
+SMALL_CORPUS = [
+    {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
+    {"id": "p2", "title": "Vessa", "text": "Vessa is the capital city of Norland."},
+]
+
+
+def write_real_files(folder: Path, questions: list[dict]) -> tuple[Path, Path]:
+    """Write :data:`SMALL_CORPUS` and ``questions`` (``{id, question, golden_answers}`` rows) as jsonl files
+    in ``folder``; returns the paths of the questions and of the corpus."""
+    import json
+
+    corpus, qa = folder / "corpus.jsonl", folder / "qa.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in SMALL_CORPUS), encoding="utf-8")
+    qa.write_text("".join(json.dumps(row) + "\n" for row in questions), encoding="utf-8")
+    return qa, corpus
+
+
 class CountingSource(Source):
     """A deterministic in-memory source for environment tests: passage titles echo the query, and
     every batched call is recorded so tests can check batching."""

@@ -18,7 +18,7 @@ from benchmarks.evaluate import main
 from benchmarks.evaluation.agent_specs import parse_agent
 from search_env.data.example import QAExample
 from tests.agents.baselines.fake_llm import ScriptedLLM
-from tests.conftest import skip_without
+from tests.conftest import skip_without, write_real_files
 
 EPISODES = 8
 
@@ -117,16 +117,10 @@ def endpoint() -> Iterator[tuple[type[_Completions], str]]:
 
 @pytest.fixture
 def real_format(tmp_path: Path) -> tuple[Path, Path]:
-    corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "qa.jsonl"
-    corpus.write_text("".join(json.dumps(row) + "\n" for row in [
-        {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
-        {"id": "p2", "title": "Vessa", "text": "Vessa is the capital city of Norland."},
-    ]), encoding="utf-8")
-    questions.write_text("".join(json.dumps(row) + "\n" for row in [
+    return write_real_files(tmp_path, [
         {"id": "q1", "question": "Which company did Bob Smith found?", "golden_answers": ["Zarbo"]},
         {"id": "q2", "question": "Vessa is the capital of which land?", "golden_answers": ["Norland"]},
-    ]), encoding="utf-8")
-    return questions, corpus
+    ])
 
 
 def test_a_baseline_over_an_endpoint_asks_it_the_baselines_prompts(

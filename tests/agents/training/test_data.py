@@ -1,8 +1,6 @@
 """A run's synthetic data (:mod:`agents.training.data`): large worlds of chain questions with two-token
 names, BM25 over lightly stemmed words, held-out worlds of new words; and the compact Search-R1 dialect
 the demo trains with."""
-import json
-
 import pytest
 
 from agents.scripted.agents import OracleAgent, run_episode
@@ -10,6 +8,7 @@ from agents.training.config import DataConfig
 from agents.training.data import light_stem, synthetic_data
 from search_env import SearchQAEnv, get_protocol
 from search_env.synthetic import generate_world
+from tests.conftest import write_real_files
 
 
 COMPACT_SEARCH_R1 = get_protocol("search-r1-compact")
@@ -125,20 +124,12 @@ def test_dataset_files_are_read_before_the_corpus_is_indexed(tmp_path, monkeypat
 
 
 def _real_files(tmp_path):
-    corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "qa.jsonl"
-    corpus.write_text("".join(json.dumps(row) + "\n" for row in [
-        {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
-        {"id": "p2", "title": "Vessa", "text": "Vessa is the capital city of Norland."},
-        {"id": "p3", "title": "Kettle", "text": "A kettle boils water."},
-    ]), encoding="utf-8")
-    rows = [("q1", "Which company did Bob Smith found?", ["zarbo."]),  # in its first result, once normalised
-            ("q2", "What is the capital city of Norland?", ["Old Vessa", "Vessa"]),  # the second gold is
-            ("q3", "What does a kettle boil?", ["tea"]),  # its passage is found, its answer is not there
-            ("q4", "Who founded Zarbo?", ["Smith"]),  # a gold word inside a longer name counts: the EM check is on words
-            ("q5", "Which city is the capital?", ["Norland"])]
-    questions.write_text("".join(json.dumps({"id": i, "question": q, "golden_answers": a}) + "\n" for i, q, a in rows),
-                         encoding="utf-8")
-    return questions, corpus
+    return write_real_files(tmp_path, [
+        {"id": "q1", "question": "Which company did Bob Smith found?", "golden_answers": ["zarbo."]},  # normalised, in it
+        {"id": "q2", "question": "What is the capital city of Norland?", "golden_answers": ["Old Vessa", "Vessa"]},  # the second
+        {"id": "q3", "question": "Which is the capital city of Norland?", "golden_answers": ["Oslo"]},  # found passage, no gold
+        {"id": "q4", "question": "Who founded Zarbo?", "golden_answers": ["Smith"]},  # a word of a longer name counts
+        {"id": "q5", "question": "Which city is the capital?", "golden_answers": ["Norland"]}])
 
 
 def test_answerable_keeps_the_questions_whose_gold_their_own_search_returns(tmp_path):

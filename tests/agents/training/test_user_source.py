@@ -3,7 +3,6 @@ the command line after ``--import``; an unknown name is one line with the known 
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from agents.train import parse_config  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.data import split_data  # noqa: E402
 from search_env.sources import available_sources  # noqa: E402
+from tests.conftest import write_real_files  # noqa: E402
 
 MODULE = "tests.search_env.sources.user_retriever"
 NAME = "word-overlap"
@@ -22,15 +22,8 @@ NAME = "word-overlap"
 
 @pytest.fixture
 def real_data(tmp_path: Path) -> tuple[Path, Path]:
-    corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "qa.jsonl"
-    corpus.write_text("".join(json.dumps(row) + "\n" for row in [
-        {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},
-        {"id": "p2", "title": "Vessa", "text": "Vessa is the capital city of Norland."},
-    ]), encoding="utf-8")
-    questions.write_text("".join(json.dumps(row) + "\n" for row in [
-        {"id": f"q{i}", "question": "Which company did Bob Smith found?", "golden_answers": ["Zarbo"]} for i in range(3)
-    ]), encoding="utf-8")
-    return questions, corpus
+    return write_real_files(tmp_path, [
+        {"id": f"q{i}", "question": "Which company did Bob Smith found?", "golden_answers": ["Zarbo"]} for i in range(3)])
 
 
 @pytest.fixture
