@@ -3,7 +3,8 @@ wrappers over any source (a cache, a time limit, probes that spoil a share of qu
 the registry of retrievers a corpus is searched with by name (:func:`register_source`, see
 :mod:`search_env.sources.registry`).
 
-``DenseSource`` (torch, faiss) and ``RemoteSource`` (urllib3) load their dependencies on first use.
+``DenseSource`` (torch, faiss), ``RemoteSource`` (urllib3) and ``MCPSource`` (an MCP server's tool; the ``mcp``
+extra) load their dependencies on first use.
 """
 from typing import Any
 
@@ -20,10 +21,11 @@ from search_env.sources.time_limit import TimeLimitedSource
 
 __all__ = [
     "Passage", "Source", "SourceError", "BM25Source", "CachedSource", "TimeLimitedSource", "HybridSource",
-    "reciprocal_rank_fusion", "ProbeSource", "PROBES", "DenseSource", "RemoteSource", "RecordedSource", "RetrievalRecording",
+    "reciprocal_rank_fusion", "ProbeSource", "PROBES", "DenseSource", "RemoteSource", "MCPSource", "RecordedSource", "RetrievalRecording",
     "SOURCES", "SourceOptions", "available_sources", "build_source", "lookup_source", "register_source",
 ]
-_LAZY = {"DenseSource": "search_env.sources.dense", "RemoteSource": "search_env.sources.remote"}
+_LAZY = {"DenseSource": "search_env.sources.dense", "RemoteSource": "search_env.sources.remote",
+         "MCPSource": "search_env.sources.mcp"}
 
 
 def __getattr__(name: str) -> Any:

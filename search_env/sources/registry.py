@@ -10,7 +10,8 @@ source through :func:`build_source`, so a user's retriever is one file and one c
     register_source("mine", my_retriever)
 
 Then ``--import my_module`` makes ``mine`` selectable in all three places. The built-in ``bm25`` and
-``dense`` are registered here; their modules (``dense``: torch and faiss) load when one is built.
+``dense`` are registered here; their modules (``dense``: torch and faiss) load when one is built. An MCP
+server's search tool is one call too: :func:`search_env.sources.mcp.register_mcp_source`.
 """
 from __future__ import annotations
 
