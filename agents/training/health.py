@@ -6,7 +6,10 @@
   :class:`TrainingDiverged`;
 * searches that failed or timed out (:func:`search_failures`, :class:`FailedSearchWarning`): with the
   retrieval server down, every call still counts in ``searches`` while the policy only ever sees error
-  observations.
+  observations;
+* episodes that never search (:func:`episodes_without_search`, :class:`NoSearchWarning`): a policy that
+  answers from the question alone under a protocol built for searching gets a reward and a falling loss,
+  yet RL cannot teach it a search it never makes.
 """
 from __future__ import annotations
 
@@ -15,10 +18,15 @@ from typing import Callable, Mapping, Sequence
 
 from search_env.trajectory import ToolCall, Trajectory
 
-__all__ = ["FailedSearchWarning", "TrainingDiverged", "TrainingFailed", "UpdateWatch", "search_failures"]
+__all__ = ["FailedSearchWarning", "NoSearchWarning", "TrainingDiverged", "TrainingFailed", "UpdateWatch",
+           "episodes_without_search", "search_failures"]
 
 #: Failed-search warnings repeat at most once in this many steps.
 FAILED_SEARCH_WARN_INTERVAL = 20
+
+#: Training steps in a row in which no episode searched before :class:`NoSearchWarning` speaks: one such
+#: step is noise early in a run, several in a row are a policy that does not search.
+NO_SEARCH_WARN_STEPS = 3
 
 
 class TrainingFailed(RuntimeError):
@@ -107,3 +115,35 @@ class FailedSearchWarning:
         timed_out = metrics.get("searches/timed_out", 0.0) / max(metrics.get("searches/failed", 0.0), 1e-12)
         self.say(f"warning: step {step}: {share:.0%} of the searches failed ({min(timed_out, 1.0):.0%} of those "
                  f"timed out): is the retrieval source up? (the policy sees only error observations)")
+
+
+def episodes_without_search(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``rollout/zero_search_frac``: the share of the episodes that made no search call (0 for none)."""
+    return {"rollout/zero_search_frac": sum(not t.tool_calls for t in trajectories) / max(len(trajectories), 1)}
+
+
+class NoSearchWarning:
+    """Says (one line, once in a run) when no episode searched (``rollout/zero_search_frac`` 1.0) for
+    :data:`NO_SEARCH_WARN_STEPS` training steps in a row, under a protocol that expects searches (one with
+    a search call tag: every built-in protocol).
+
+    Args:
+        protocol: the name of the training environment's protocol (said in the warning).
+        call_tag: the protocol's search call tag; empty when the protocol has none (then never a warning).
+        say: prints one line (on stderr, beside any progress bar).
+    """
+
+    def __init__(self, protocol: str, call_tag: str, say: Callable[[str], None], steps: int = NO_SEARCH_WARN_STEPS) -> None:
+        self.protocol, self.call_tag, self.say, self.steps = protocol, call_tag, say, steps
+        self.in_a_row = 0  #: steps in a row without a search, up to now
+        self.said = False
+
+    def check(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.call_tag or self.said:
+            return
+        self.in_a_row = self.in_a_row + 1 if metrics.get("rollout/zero_search_frac", 0.0) >= 1.0 else 0
+        if self.in_a_row >= self.steps:
+            self.said = True
+            self.say(f"warning: step {step}: no episode searched in {self.in_a_row} steps in a row (rollout/zero_search_frac "
+                     f"1.0): the policy answers without ever writing {self.call_tag}, which the {self.protocol} protocol "
+                     f"expects, so RL cannot teach it to search (warm start it, or check its prompt and stop strings)")

@@ -53,7 +53,7 @@ from agents.training.config import TrainConfig
 from agents.training.console_log import ConsoleProgress, quiet_transformers, say
 from agents.training.data import QuestionOrder
 from agents.training.evaluation import EvalResult, evaluate, questions_by_hops, reward_component_means, summarize
-from agents.training.health import FailedSearchWarning, UpdateWatch, search_failures
+from agents.training.health import FailedSearchWarning, NoSearchWarning, UpdateWatch, episodes_without_search, search_failures
 from agents.training.library_noise import hide_deepspeed_cpu_notice
 from agents.training.loggers import loggers_for
 from agents.training.rank_metrics import all_rank_metrics
@@ -180,6 +180,7 @@ class Trainer:
         check_shared_output(self.files.root, self.backend)  # several ranks: one folder that every rank sees
         watch = UpdateWatch(self.config.optim.max_skipped_updates, say)
         failed_searches = FailedSearchWarning(run.warn_failed_searches, say)
+        no_search = NoSearchWarning(self.env.protocol.name, self.env.protocol.call_open, say)
         self._call("on_run_start")
         self.control.should_stop |= run_start(  # the parts of the start not done: evaluation, warm start, evaluation
             self.state, warm=self.config.warm_start.steps > 0, evaluate=self._evaluate_stage, warm_start=self._warm_start,
@@ -197,6 +198,7 @@ class Trainer:
                     self._call("on_log", self.step, metrics)
                 watch.check(self.step, metrics, self._trailing_skips)
                 failed_searches.check(self.step, metrics)
+                no_search.check(self.step, metrics)
                 if asked.should_save or (run.save_every > 0 and self.step % run.save_every == 0):
                     self.save()
                 bar.update(1)
@@ -275,6 +277,7 @@ class Trainer:
             **summarize(trajectories).as_dict(),
             **{f"reward/{k}": v for k, v in reward_component_means(trajectories).items()},
             **search_failures(trajectories),
+            **episodes_without_search(trajectories),
             **stats,
             "lr": lr,
             "tokens_per_s": agent_tokens / max(now - started, 1e-9),

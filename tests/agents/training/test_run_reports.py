@@ -1,5 +1,5 @@
 """A training run never lies and never strands anything: skipped updates are counted and stop a diverged
-run, failed searches are logged and said, progress and evaluations are printed off a terminal, episodes
+run, failed searches and runs that never search are logged and said, progress and evaluations are printed off a terminal, episodes
 are sampled as text, an earlier run is never overwritten by accident, and bad settings or output folders
 are one ``error:`` line before any model is built."""
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from tests.conftest import skip_without
 
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
-from agents.scripted.agents import RetrieveThenAnswerAgent  # noqa: E402
+from agents.scripted.agents import NoSearchAgent, RetrieveThenAnswerAgent  # noqa: E402
 from tests.agents.training.scripted_engine import ScriptedEngine  # noqa: E402
 from agents.train import main  # noqa: E402
 from agents.training.build import build_trainer, env_options  # noqa: E402
 from agents.training.config import TrainConfig  # noqa: E402
 from agents.training.data import split_data  # noqa: E402
-from agents.training.health import TrainingDiverged  # noqa: E402
+from agents.training.health import NoSearchWarning, TrainingDiverged, episodes_without_search  # noqa: E402
 from agents.training.run_checks import recipe_warnings  # noqa: E402
 from agents.training.run_files import SAMPLES_FILE  # noqa: E402
 from agents.training.samples import MAX_TEXT_CHARS, _cut  # noqa: E402
@@ -178,6 +178,51 @@ def test_searches_that_work_are_not_failures(tmp_path, capsys):
     _, result = run(small_config("grpo", tmp_path, {"eval.questions": 0}))
     assert all(r["searches/failed"] == 0 and r["searches/timed_out"] == 0 for r in records(result.metrics_path))
     assert not warnings_in(capsys.readouterr().err)
+
+
+# -- runs that never search ------------------------------------------------------------------------------
+def scripted_run(config: TrainConfig, agent_class: type) -> list[dict]:
+    """Train ``config`` with episodes played by the scripted ``agent_class``; the metrics log's records."""
+    built = build_trainer(config)
+    trainer = Trainer(config, built.policy, built.env, built.algorithm, built.backend, engine=ScriptedEngine(agent_class))
+    try:
+        trainer.train()
+    finally:
+        trainer.close_environments()
+    return records(config.run.output_dir + "/metrics.jsonl")
+
+
+def test_a_run_that_never_searches_is_logged_and_warned_once(tmp_path, capsys):
+    config = small_config("grpo", tmp_path, {"run.steps": 5, "eval.questions": 0, "env.max_new_tokens": 200})
+    steps = scripted_run(config, NoSearchAgent)
+    assert [r["rollout/zero_search_frac"] for r in steps] == [1.0] * 5 and all(r["searches"] == 0 for r in steps)
+    warned = warnings_in(capsys.readouterr().err)  # at the third step without a search, and not again
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("warning: step 3: no episode searched in 3 steps in a row (rollout/zero_search_frac 1.0): "
+                                "the policy answers without ever writing <search>, which the search-r1 protocol expects")
+
+
+def test_a_run_that_searches_has_no_zero_search_share_and_no_warning(tmp_path, capsys):
+    config = small_config("grpo", tmp_path, {"run.steps": 3, "eval.questions": 0, "env.max_new_tokens": 200})
+    steps = scripted_run(config, RetrieveThenAnswerAgent)
+    assert [r["rollout/zero_search_frac"] for r in steps] == [0.0] * 3
+    assert not warnings_in(capsys.readouterr().err)
+
+
+def test_the_no_search_warning_needs_steps_in_a_row_under_a_protocol_with_a_search_call():
+    said: list[str] = []
+    warning = NoSearchWarning("search-r1", "<search>", said.append)
+    for step, share in enumerate([1.0, 1.0, 0.75, 1.0, 1.0], start=1):  # a step with a search starts the count again
+        warning.check(step, {"rollout/zero_search_frac": share})
+    assert said == []
+    for step in (6, 7, 8):
+        warning.check(step, {"rollout/zero_search_frac": 1.0})
+    assert len(said) == 1 and said[0].startswith("warning: step 6: no episode searched in 3 steps in a row")
+    silent = NoSearchWarning("no-tools", "", said.append)  # a protocol without a search call expects none
+    for step in range(1, 6):
+        silent.check(step, {"rollout/zero_search_frac": 1.0})
+    assert len(said) == 1
+    assert episodes_without_search([]) == {"rollout/zero_search_frac": 0.0}
 
 
 # -- recipes that train less than they seem ----------------------------------------------------------
