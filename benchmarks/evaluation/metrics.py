@@ -13,7 +13,9 @@ normalisation (:mod:`rewards.metrics`):
 - ``judge``: an LLM judge's score, when the run has one;
 - ``reward``: the protocol's reward; ``searches``: search calls; ``failed_searches``: those that failed or
   timed out (an error observation in place of passages: an EM beside them says little about the agent,
-  much about the retriever, so no table leaves them out); ``agent_tokens``: tokens the agent
+  much about the retriever, so no table leaves them out); ``no_search``: 1 for an episode without a
+  search call (its mean, the share of such episodes, tells an agent that answers from memory under a
+  protocol built for searching from one that searches little); ``agent_tokens``: tokens the agent
   wrote; ``retrieved_tokens``: tokens of the result blocks the environment appended; ``seconds``:
   the wall time of the episode's batch over its size; ``gold_recall``: gold passages among those
   retrieved (None for a question with no gold passages).
@@ -30,8 +32,8 @@ from search_env.trajectory import Trajectory
 __all__ = ["EPISODE_METRICS", "cover_em", "episode_metrics", "mean_metrics"]
 
 #: The per-episode figures, in the order tables show them.
-EPISODE_METRICS = ("em", "f1", "cover_em", "judge", "reward", "searches", "failed_searches", "agent_tokens", "retrieved_tokens",
-                   "seconds", "gold_recall")
+EPISODE_METRICS = ("em", "f1", "cover_em", "judge", "reward", "searches", "failed_searches", "no_search", "agent_tokens",
+                   "retrieved_tokens", "seconds", "gold_recall")
 
 
 def cover_em(prediction: str, golden_answers: str | Iterable[str]) -> float:
@@ -55,6 +57,7 @@ def episode_metrics(trajectory: Trajectory, answer: str, gold_passage_ids: Seque
         "reward": float(trajectory.reward),
         "searches": float(len(trajectory.tool_calls)),
         "failed_searches": search_failures([trajectory])["searches/failed"],
+        "no_search": float(not trajectory.tool_calls),
         "agent_tokens": float(trajectory.agent_mask.sum()),
         "retrieved_tokens": float(sum(span.end - span.start for span in trajectory.spans if span.kind == "result")),
         "seconds": float(seconds),

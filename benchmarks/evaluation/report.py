@@ -30,7 +30,8 @@ NOTES = {
 
 #: The metric columns: key, markdown header, decimals.
 COLUMNS = (("em", "EM", 3), ("f1", "F1", 3), ("cover_em", "cover-EM", 3), ("judge", "judge", 3), ("reward", "reward", 3),
-           ("searches", "searches", 2), ("failed_searches", "failed searches", 2), ("agent_tokens", "agent tokens", 1),
+           ("searches", "searches", 2), ("failed_searches", "failed searches", 2), ("no_search", "no search", 2),
+           ("agent_tokens", "agent tokens", 1),
            ("retrieved_tokens", "retrieved tokens", 1),
            ("seconds", "s/question", 3), ("gold_recall", "gold recall", 3))
 
@@ -107,7 +108,8 @@ def to_markdown(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation", no
     for key, _ in SETTINGS:
         lines.append(f"| {_SETTING_NAMES.get(key, key)} | {_setting(rows, key)} |")
     lines.append("| metrics | EM, F1, cover-EM (a gold is a substring of the answer): the extracted answer against every gold "
-                 "alias, SQuAD-normalised; tokens and searches per question; s/question: wall time of a batch over its size |")
+                 "alias, SQuAD-normalised; tokens and searches per question; no search: share of the episodes without a search "
+                 "call; s/question: wall time of a batch over its size |")
     columns = [c for c in COLUMNS if any(r.get(c[0]) is not None for r in rows)]
     judge_model = next((r["judge_model"] for r in rows if r.get("judge_model")), None)
     headers = ["dataset", "protocol", "agent", "questions", "seeds"]
@@ -171,14 +173,16 @@ def print_table(rows: Sequence[Mapping[str, Any]], data_line: str) -> None:
     width = max(22, *(len(r["agent"]) for r in rows))
     judged = any(r.get("judge") is not None for r in rows)
     header = (f"{'protocol':18s} {'agent':{width}s} {'reward':>7s} {'of range':>10s} {'EM':>6s} {'F1':>6s} {'searches':>8s} "
-              f"{'failed':>6s} {'gold rec.':>9s} {'agent tok':>9s} {'ret. tok':>8s} {'cover-EM':>8s}" + (f" {'judge':>6s}" if judged else "")
+              f"{'failed':>6s} {'no search':>9s} {'gold rec.':>9s} {'agent tok':>9s} {'ret. tok':>8s} {'cover-EM':>8s}"
+              + (f" {'judge':>6s}" if judged else "")
               + f" {'s/q':>7s}")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['protocol']:18s} {r['agent']:{width}s} {_number(r['reward'], 3):>7s} {_range_text(r['reward_range']):>10s} "
               f"{_number(r['em'], 3):>6s} {_number(r['f1'], 3):>6s} {_number(r['searches'], 2):>8s} "
-              f"{_number(r['failed_searches'], 2):>6s} {_number(r['gold_recall'], 3):>9s} {_number(r['agent_tokens'], 1):>9s} "
+              f"{_number(r['failed_searches'], 2):>6s} {_number(r.get('no_search'), 2):>9s} {_number(r['gold_recall'], 3):>9s} "
+              f"{_number(r['agent_tokens'], 1):>9s} "
               f"{_number(r['retrieved_tokens'], 1):>8s} "
               f"{_number(r['cover_em'], 3):>8s}" + (f" {_number(r.get('judge'), 3):>6s}" if judged else "")
               + f" {_number(r['seconds'], 3):>7s}")
@@ -189,7 +193,7 @@ def print_legend(rows: Sequence[Mapping[str, Any]]) -> None:
     """What the terminal table's columns mean, and the notes on reward parts that could not count."""
     print("reward: the protocol's reward preset, which spans the range beside it at its default options ('?': it declares none); "
           "EM/F1/cover-EM: the extracted answer against the golds (cover-EM: a gold is a substring of it); failed: searches "
-          "per question that failed or timed out; gold rec.: gold "
+          "per question that failed or timed out; no search: share of the episodes without a search call; gold rec.: gold "
           "passages among those retrieved; tok: per question; s/q: seconds per question")
     for line in _notes(rows):
         print(f"note: {line}")

@@ -101,9 +101,9 @@ def test_evaluate_runs_a_dataset_with_a_corpus_and_a_users_agent(data_dir: Path,
     out = capsys.readouterr().out
     rows = _rows(out, "search-r1")
     # retrieve-then-answer searches the question and answers the top title, Zarbo: the gold
-    # columns 7-9: searches, failed searches, gold recall
-    assert rows[0][:3] == ["search-r1", "retrieve-then-answer", "1.000"] and rows[0][7:10] == ["1.00", "0.00", "1.000"]
-    assert rows[1][:3] == ["search-r1", f"{__name__}:AnswersZarboAgent", "1.000"] and rows[1][7] == "0.00"
+    # columns 7-10: searches, failed searches, share of episodes without a search, gold recall
+    assert rows[0][:3] == ["search-r1", "retrieve-then-answer", "1.000"] and rows[0][7:11] == ["1.00", "0.00", "0.00", "1.000"]
+    assert rows[1][:3] == ["search-r1", f"{__name__}:AnswersZarboAgent", "1.000"] and rows[1][7:10] == ["0.00", "0.00", "1.00"]
     assert f"(1 episodes each, {dataset} searched with BM25 over {data_dir / 'corpus.jsonl'}, episode seed 0)" in out
     assert "synthetic" not in out
 

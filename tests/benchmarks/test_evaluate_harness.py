@@ -63,6 +63,7 @@ def test_the_synthetic_world_end_to_end_writes_the_table_chart_and_episodes(tmp_
     assert (oracle["questions"], oracle["seeds"], oracle["episodes"], oracle["top_k"], oracle["max_turns"]) == ("3", "1", "3", "3", "10")
     assert (oracle["retriever"], oracle["subset"], oracle["decoding"], oracle["judge"]) == ("BM25", "first 3 of 1000", "scripted", "")
     assert no_search["searches"] == no_search["retrieved_tokens"] == "0.0"
+    assert (oracle["no_search"], no_search["no_search"]) == ("0.0", "1.0")  # the share of episodes without a search
     assert [row["em"] for row in table] == [1.0, float(no_search["em"])]
 
     episodes = _episodes(out)
@@ -75,6 +76,7 @@ def test_the_synthetic_world_end_to_end_writes_the_table_chart_and_episodes(tmp_
     markdown = (out / "results.md").read_text(encoding="utf-8")
     assert "| retriever | BM25 |" in markdown and "| subset | first 3 of 1000 |" in markdown and "| top-k | 3 |" in markdown
     assert "| synthetic | search-r1 | oracle | 3 | 1 | 1.000 | 1.000 | 1.000 |" in markdown
+    assert "| searches | failed searches | no search |" in markdown and "| 0.00 | 0.00 | 1.00 |" in markdown  # no-search's row
     from matplotlib.image import imread
 
     assert imread(out / "results.png").shape[2] in (3, 4)

@@ -46,11 +46,14 @@ def test_one_episodes_metrics_by_hand() -> None:
     metrics = episode_metrics(_trajectory(), "Paris, France", ["p2", "p9"], seconds=0.25)
     # "paris france" against "paris": not equal; F1 = 2 * (1/2 * 1/1) / (1/2 + 1) = 2/3; "paris" is a substring
     assert metrics == {"em": 0.0, "f1": pytest.approx(2 / 3), "cover_em": 1.0, "reward": 1.0, "searches": 1.0,
-                       "failed_searches": 0.0, "agent_tokens": 6.0, "retrieved_tokens": 3.0, "seconds": 0.25, "gold_recall": 0.5}
+                       "failed_searches": 0.0, "no_search": 0.0, "agent_tokens": 6.0, "retrieved_tokens": 3.0, "seconds": 0.25, "gold_recall": 0.5}
     assert episode_metrics(_trajectory(), "", [], seconds=0.0)["gold_recall"] is None  # no gold passages: not applicable
     failed = _trajectory()
     failed.tool_calls[0].error = "SourceError: connection refused"
     assert episode_metrics(failed, "Paris, France", [], seconds=0.0)["failed_searches"] == 1.0
+    unsearched = _trajectory()
+    unsearched.tool_calls.clear()
+    assert episode_metrics(unsearched, "Paris", [], seconds=0.0)["no_search"] == 1.0  # its mean: the share without a search
 
 
 def test_a_row_is_the_mean_over_the_episodes_that_have_each_figure() -> None:
