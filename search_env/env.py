@@ -50,6 +50,7 @@ from search_env.resolve import (
 from search_env.searching import MAX_QUERY_CHARS, PlanRequest, Request, Searcher, SearchRequest
 from search_env.sources.base import Source
 from search_env.tokenization import TokenCodec, as_codec
+from search_env.tool_calls import fit_protocol
 from search_env.trajectory import AGENT, ENVIRONMENT, Trajectory
 from search_env.transition import Call, Stepping, Transition
 from search_env.types import Action, Info, Observation, StepResult, action_ids, observation_space
@@ -62,7 +63,7 @@ def prompt_text(protocol: Dialect, codec: TokenCodec, question: str, *, use_chat
     template (``use_chat``; ``None``: when the codec has one), else the protocol's plain prompt. A
     function of its own so that a run can measure its prompts before it builds an environment or a model."""
     if codec.chat_template if use_chat is None else use_chat:
-        return codec.render_chat(protocol.messages(question)) + protocol.assistant_prefix
+        return codec.render_chat(protocol.messages(question), tools=protocol.chat_tools) + protocol.assistant_prefix
     return protocol.plain_prompt(question)
 
 _AGENT_ONLY = (AGENT,)
@@ -159,6 +160,8 @@ class SearchQAEnv(gym.Env[Observation, Action]):
         self.use_chat = bool(self.codec.chat_template) if chat_template is None else chat_template
         if self.use_chat and not self.codec.chat_template:
             raise ValueError("chat_template=True but the tokenizer has no chat template")
+        if self.protocol.tool_calling is not None:  # its tools are these sources, its turns this tokenizer's
+            self.protocol = fit_protocol(self.protocol, self.sources, self.default_source, self.codec, self.use_chat)
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
         self.render_mode = render_mode

@@ -119,10 +119,8 @@ class EpisodeBuffer:
     def complete(self, protocol: Dialect) -> Trajectory:
         """Fill in what the trajectory knows only at the end: the response text, the first answer's
         content, the trained-on mask, and whether a budget cut a call short."""
-        if self.truncated:
-            call_open, call_close = protocol.call_open.encode(), protocol.call_close.encode()
-            if self.text.rfind(call_open, self.turn_start) > self.text.rfind(call_close, self.turn_start):
-                self.counters["unterminated_calls"] += 1
+        if self.truncated and protocol.call_left_open(bytes(self.text[self.turn_start:])):
+            self.counters["unterminated_calls"] += 1
         traj, text, begin = self.trajectory, self.text, self.prompt_bytes
         traj.response_text = response = text[begin:].decode("utf-8", "replace")  # self.decode(begin), inline
         if self.answer_at is not None:

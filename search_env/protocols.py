@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from rewards.name_registry import Registry
 
 from search_env.sources.base import Passage
+from search_env.tool_calls import ToolCalling
 
 __all__ = [
     "Dialect",
@@ -27,6 +28,8 @@ __all__ = [
     "SEARCH_R1_COMPACT",
     "SEED_PROTOCOLS",
     "SEARCH_R1_INVALID_ACTION",
+    "TOOL_CALLS",
+    "tool_calls_protocol",
 ]
 
 DocFormatter = Callable[[Sequence[Passage]], str]
@@ -56,7 +59,8 @@ class Dialect:
         assistant_prefix: text appended after the rendered prompt (R1-Searcher opens ``<think>`` for the model).
         question_rule: turns the raw question into what the template receives.
         clean_query: turns the text between the call tags into the query sent to the source.
-        call_kind: ``"query"`` (one query) or ``"dag"`` (an NL-DAG plan of sub-queries).
+        call_kind: ``"query"`` (one query), ``"dag"`` (an NL-DAG plan of sub-queries) or ``"tools"``
+            (native tool calls, read at the end of the agent's turn: :mod:`search_env.tool_calls`).
         result_prefix / result_suffix: written before / after the formatted documents.
         format_docs: formats the retrieved passages of one query.
         empty_results_text: what stands between the result tags when nothing was found.
@@ -86,6 +90,8 @@ class Dialect:
             closes the think block the prompt opened).
         evidence_open / evidence_close: the tags of the evidence block the agent writes before its answer
             (R-Search's ``<original_evidence>``); None: the dialect has none.
+        tool_calling: ``"tools"`` dialects: the call format, the tools and how the prompt and the tool
+            turn are written (the environment fits it to its sources and tokenizer).
     """
 
     name: str
@@ -121,13 +127,16 @@ class Dialect:
     answer_prefix: str = ""
     evidence_open: str | None = None
     evidence_close: str | None = None
+    tool_calling: ToolCalling | None = None
 
     def __post_init__(self) -> None:
         for attr in ("call_open", "call_close", "answer_open", "answer_close"):
             if not getattr(self, attr):
                 raise ValueError(f"protocol {self.name!r}: {attr} must be a non-empty string")
-        if self.call_kind not in ("query", "dag"):
-            raise ValueError(f"protocol {self.name!r}: call_kind must be 'query' or 'dag', not {self.call_kind!r}")
+        if self.call_kind not in ("query", "dag", "tools"):
+            raise ValueError(f"protocol {self.name!r}: call_kind must be 'query', 'dag' or 'tools', not {self.call_kind!r}")
+        if (self.call_kind == "tools") != (self.tool_calling is not None):
+            raise ValueError(f"protocol {self.name!r}: give tool_calling exactly when call_kind is 'tools'")
         if self.top_k < 1:
             raise ValueError(f"protocol {self.name!r}: top_k must be >= 1")
         for attr, slot in (("thought_template", "text"), ("answer_template", "answer")):
@@ -137,7 +146,10 @@ class Dialect:
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        """Where a rollout engine should stop generating (besides the EOS token)."""
+        """Where a rollout engine should stop generating (besides the EOS token). Tool calls run when the
+        turn ends, at the EOS token, so only the answer's close tag stops a ``"tools"`` dialect's turn."""
+        if self.call_kind == "tools":
+            return (self.answer_close,)
         return (self.call_close, self.answer_close) if self.answer_ends_episode else (self.call_close,)
 
     def with_options(self, **changes: Any) -> "Dialect":
@@ -150,6 +162,18 @@ class Dialect:
         messages = [{"role": "system", "content": self._with_tools(self.system)}] if self.system else []
         messages.append({"role": "user", "content": self.user_template.format(question=self.question_rule(question))})
         return messages
+
+    @property
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        """The tools for the chat template (``apply_chat_template(tools=...)``), where it lists them itself."""
+        calling = self.tool_calling
+        return calling.schemas() if calling is not None and calling.native_prompt else None
+
+    def call_left_open(self, turn: bytes) -> bool:
+        """Whether the text of a turn that a budget cut short holds a call that never ran."""
+        if self.tool_calling is not None:
+            return self.tool_calling.find(turn.decode("utf-8", "replace")) is not None
+        return turn.rfind(self.call_open.encode()) > turn.rfind(self.call_close.encode())
 
     def plain_prompt(self, question: str) -> str:
         """The prompt without a chat template (base models, and tokenizers without one)."""
@@ -168,9 +192,13 @@ class Dialect:
         return ", ".join(named[:-1]) + " or " + named[-1]
 
     def _with_tools(self, system: str) -> str:
-        """``{tools}`` becomes :attr:`tools_text`, and an example plan's ``{tool_1}``/``{tool_2}`` the first
-        and second offered tools' names (the first when one is offered), so that the example never names
-        a tool the environment does not have."""
+        """A ``"tools"`` dialect's system message ends with its tool listing unless the chat template
+        lists the tools itself. Otherwise ``{tools}`` becomes :attr:`tools_text`, and an example plan's
+        ``{tool_1}``/``{tool_2}`` the first and second offered tools' names (the first when one is
+        offered), so that the example never names a tool the environment does not have."""
+        calling = self.tool_calling
+        if calling is not None and not calling.native_prompt:
+            return f"{system}\n\n{calling.listing()}"
         if not self.plan_tools:
             return system
         names = [name for name, _ in self.plan_tools]
@@ -395,6 +423,33 @@ SEARCH_R1_COMPACT = SEARCH_R1.with_options(
 ...)`` prefixes, for a small model trained from scratch (the embedded demo): it gets nothing from
 instruction text, and every token of context costs it compute, so an episode is about half as long."""
 
+_TOOL_CALLS_SYSTEM = (
+    "Answer the given question. You may reason inside <think> and </think>. If you lack some knowledge, call "
+    "the search tools, as many times as you want; several calls in one turn run together. When you need no "
+    "further knowledge, give the answer inside <answer> and </answer>, without detailed illustrations. For "
+    "example, <answer> Beijing </answer>."
+)
+
+
+def tool_calls_protocol(call_format: str = "hermes", **changes: Any) -> Dialect:
+    """The ``tool-calls`` protocol (:mod:`search_env.tool_calls`) with calls in ``call_format``
+    (``hermes``: ``tool-calls``; ``llama3``: ``tool-calls-llama3``), other fields changed by ``changes``.
+    Results, answer and reward are Search-R1's: ``Doc i(Title: ...)`` passages, the last
+    ``<answer>`` scored by EM."""
+    calling = ToolCalling(call_format=call_format)
+    fields: dict[str, Any] = dict(
+        name="tool-calls" if call_format == "hermes" else f"tool-calls-{call_format}", call_kind="tools",
+        tool_calling=calling, call_open=calling.format.call_open or "{", call_close=calling.format.call_close or "}",
+        result_open="<tool_response>", result_close="</tool_response>", system=_TOOL_CALLS_SYSTEM,
+        user_template="Question: {question}\n", question_rule=_search_r1_question, empty_results_text="No results.",
+        format_docs=lambda ps: "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(ps, 1)),
+        error_template="Error: {message}", top_k=3, max_turns=10, reward="search-r1",
+    )
+    return Dialect(**{**fields, **changes})
+
+
+TOOL_CALLS = tool_calls_protocol()
+
 _REGISTRY: Registry[Dialect] = Registry("protocol")
 for _seed in (SEARCH_R1, R1_SEARCHER, RESEARCH, R_SEARCH, REASONING_SEARCH):
     _REGISTRY.add(_seed.name, _seed)
@@ -404,7 +459,9 @@ SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
 """The five seed systems' protocols (registered at import; :func:`available_protocols` also lists the
 derived dialects and any protocol registered since, e.g. by a plug-in)."""
 
-_REGISTRY.add(SEARCH_R1_COMPACT.name, SEARCH_R1_COMPACT)
+for _derived in (SEARCH_R1_COMPACT, TOOL_CALLS, tool_calls_protocol("llama3")):
+    _REGISTRY.add(_derived.name, _derived)
+del _derived
 
 
 def register_protocol(protocol: Dialect, *, replace: bool = False) -> Dialect:

@@ -178,9 +178,13 @@ class TokenCodec:
         """The tokenizer's chat template, if it has one (only transformers tokenizers do)."""
         return getattr(self.tokenizer, "chat_template", None) if self._is_hf else None
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Render chat ``messages`` with the tokenizer's template and the assistant generation prompt."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """Render chat ``messages`` with the tokenizer's template and (by default) the assistant generation
+        prompt; ``tools`` (JSON schemas) go to templates that list tools."""
+        options: dict[str, Any] = {"tools": tools} if tools is not None else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  **options)
 
 
 _CODEC_CACHE: dict[int, TokenCodec] = {}

@@ -11,7 +11,9 @@ When its bytes complete one of the protocol's close tags, the turn's text is rea
 - anything malformed (a close tag without its open tag, an empty query, an invalid plan, a failed
   search) is appended as an error observation and counted, never raised.
 
-An end-of-sequence token ends the episode; the token and context budgets truncate it. NL-DAG plans:
+An end-of-sequence token ends the episode, except under a ``"tools"`` dialect when the turn it ends holds
+tool calls: those are read, run together and answered with one tool turn (:mod:`search_env.tool_calls`).
+The token and context budgets truncate an episode. NL-DAG plans:
 the environment runs any plan that :func:`~search_env.dag.validate.validate_plan` accepts (at most 8
 nodes, every node's source one of the environment's sources or aliases, edges between declared nodes,
 acyclic) and answers any other with an error observation listing the violations.
@@ -28,11 +30,12 @@ from search_env.scanner import TagScanner
 from search_env.searching import MAX_QUERY_CHARS, PlanRequest, Request, SearchRequest
 from search_env.sources.base import Passage
 from search_env.tokenization import TokenCodec
+from search_env.tool_calls import MAX_CALLS_PER_TURN, ParsedCall
 from search_env.trajectory import Span, ToolCall
 
 __all__ = ["Transition"]
 
-_CALL = 0  # the call's close tag, by its position in the scanner's tags (the answer's is 1)
+_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # the nodes of the plan that runs one turn's tool calls
 
 #: What the transition yields (search requests), what it is sent back (their results), and what it returns.
 Stepping = Generator[Request, Any, int]
@@ -67,7 +70,11 @@ class Transition:
         max_result_tokens: int | None,
     ) -> None:
         self.protocol, self.codec = protocol, codec
-        self.scanner = TagScanner(codec, (protocol.call_close, protocol.answer_close))
+        # A "tools" dialect's calls run at the turn's EOS token: only its answer's close tag is watched.
+        self._tools = protocol.tool_calling if protocol.call_kind == "tools" else None
+        tags = (protocol.answer_close,) if self._tools is not None else (protocol.call_close, protocol.answer_close)
+        self.scanner = TagScanner(codec, tags)
+        self._answer_tag = len(tags) - 1
         self.token_bytes = codec.token_bytes
         self.max_new_tokens, self.max_context, self.max_turns = max_new_tokens, max_context, max_turns
         self.top_k, self.default_source, self.plan_sources = top_k, default_source, set(plan_sources)
@@ -116,10 +123,12 @@ class Transition:
                     if last + 1 < len(ep.ids):
                         ep.take_back(last + 1)
                     i += last + 1 - first
-                    if tag == _CALL:
+                    if tag != self._answer_tag:
                         return i, self._close_call(ep, at)
                     self._close_answer(ep, at, last)
                 elif eos is not None:
+                    if self._tools is not None and self._tools.find(ep.decode(ep.turn_start)) is not None:
+                        return i + eos + 1, self._tool_turn(ep)
                     ep.end("eos", truncated=False)
                     return i + eos + 1, None
                 else:
@@ -221,6 +230,76 @@ class Transition:
         ep.counters["source_errors"] += sum(1 for node in run.nodes if node.error)
         ep.counters["queries_cut"] += sum(1 for node in run.nodes if node.query_cut)
         self._insert_results(ep, format_dag_results(run, p.format_docs))
+
+    def _tool_turn(self, ep: EpisodeBuffer) -> Call:
+        """The tool calls of the turn that just ended: every call that names a known tool with a query,
+        within the search budget, runs (all of them as one plan of independent nodes, so in parallel,
+        calls to one source in one batch), and each call's response, an error for a bad call, goes in
+        one tool turn, in call order."""
+        from search_env.dag import Plan, PlanNode
+
+        p, calling = self.protocol, self._tools
+        turn = ep.decode(ep.turn_start)
+        first = calling.find(turn) or 0
+        ep.add_span("call", ep.turn_start + len(turn[:first].encode()), len(ep.text))
+        slots: list[str] = []  # each call's response, in call order
+        nodes: dict[str, PlanNode] = {}
+        where: dict[str, int] = {}  # a node's slot
+        for index, call in enumerate(calling.read(turn)):
+            call = self._usable(ep, call, index, len(nodes))
+            if call.error is not None:
+                ep.counters[call.counter] += 1
+                slots.append(p.error_text(call.error))
+            else:
+                label = _LABELS[len(nodes)]
+                nodes[label], where[label] = PlanNode(label, call.query, call.name, index + 1), len(slots)
+                slots.append("")
+        if nodes:
+            done = ep.n_searches
+            ep.n_searches += len(nodes)
+            ep.counters["searches"] += len(nodes)
+            started = time.time()
+            response = yield PlanRequest(Plan(nodes=nodes, edges=[]), self.top_k)
+            runs = {} if isinstance(response, BaseException) else {run.label: run for run in response.nodes}
+            for number, node in enumerate(nodes.values(), done + 1):
+                run = runs.get(node.label)
+                call = ToolCall(turn=number, kind="tool", content=node.query, sources=[node.source], k=self.top_k,
+                                started_at=started, duration_s=time.time() - started)
+                ep.trajectory.tool_calls.append(call)
+                error = f"{type(response).__name__}: {response}" if run is None else run.error
+                if error is not None:
+                    call.error = error
+                    ep.counters["source_errors"] += 1
+                    slots[where[node.label]] = p.error_text(f"Search failed: {error}")
+                else:
+                    call.passage_ids = [ps.id for ps in run.passages]
+                    ep.counters["queries_cut"] += run.query_cut
+                    slots[where[node.label]] = self._capped(p.results_text(list(run.passages)))
+        text = calling.tool_turn(slots)
+        self._insert_ids(ep, self.codec.encode(text), "result" if nodes else "error", "results" if nodes else "invalid_call")
+
+    def _usable(self, ep: EpisodeBuffer, call: ParsedCall, index: int, running: int) -> ParsedCall:
+        """``call`` as read, or an error where it cannot run: past the calls of a turn, an unknown tool, or
+        no search left in the budget."""
+        if call.error is not None:
+            return call
+        if index >= MAX_CALLS_PER_TURN:
+            return ParsedCall(error=f"at most {MAX_CALLS_PER_TURN} calls run in one turn")
+        if call.name not in self.plan_sources:
+            names = ", ".join(name for name, _ in self._tools.tools)
+            return ParsedCall(error=f"unknown tool {call.name!r}; the tools are {names}")
+        if self.max_turns is not None and ep.n_searches + running >= self.max_turns:
+            return ParsedCall(error=f"Search budget of {self.max_turns} calls is used up; give the final answer.",
+                              kind="budget")
+        return call
+
+    def _capped(self, text: str) -> str:
+        """One tool response cut to ``max_result_tokens`` (the whole tool turn is then encoded once)."""
+        cap = self.max_result_tokens
+        if cap is None:
+            return text
+        ids = self.codec.encode(text)
+        return text if len(ids) <= cap else self.codec.decode(ids[:cap])
 
     def _run_call(self, ep: EpisodeBuffer, call: ToolCall, request: Request) -> Generator[Request, Any, Any]:
         """Count and time one call, yield its request, record it; a failure (the answer is an

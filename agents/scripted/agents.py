@@ -2,11 +2,14 @@
 
 Each agent writes text in the protocol's own dialect (:class:`DialectWriter`) and hands it to the
 environment as a chunk of token ids, exactly like an LLM rollout that stops at the protocol's stop
-strings. They differ in what they write:
+strings. A turn of native tool calls (the ``tool-calls`` protocols) ends with the end-of-sequence id,
+as a chat model ends its turn, since the calls run when the turn ends (:func:`ends_turn`). They differ
+in what they write:
 
 * :class:`OracleAgent` follows the gold decomposition (one search per sub-question, parents' gold
-  answers substituted), or where there is none searches for the gold passages, and answers with the
-  gold answer: the ceiling of a protocol and a check that the environment, sources and reward agree;
+  answers substituted; with native tool calls, all of them as parallel calls in one turn), or where
+  there is none searches for the gold passages, and answers with the gold answer: the ceiling of a
+  protocol and a check that the environment, sources and reward agree;
 * :class:`RetrieveThenAnswerAgent` searches the question once and answers with the top passage's title;
 * :class:`NoSearchAgent` answers at once from the question alone.
 """
@@ -20,8 +23,8 @@ from search_env.data.example import QAExample, SubQuestion
 from search_env.protocols import Dialect
 from search_env.trajectory import Trajectory
 
-__all__ = ["DialectWriter", "ScriptedAgent", "OracleAgent", "RetrieveThenAnswerAgent", "NoSearchAgent", "gold_contexts",
-           "run_episode"]
+__all__ = ["DialectWriter", "ScriptedAgent", "OracleAgent", "RetrieveThenAnswerAgent", "NoSearchAgent", "ends_turn",
+           "gold_contexts", "run_episode"]
 
 _DAG_TOOLS = {"wiki": "General", "news": "News", "papers": "Academy"}
 #: Node labels of the plans the oracle writes for gold passages.
@@ -39,7 +42,20 @@ class DialectWriter:
         return self.protocol.thought_template.format(text=text)
 
     def call(self, query: str) -> str:
+        """One search call; with native tool calls, a call of the first tool (the default source)."""
+        calling = self.protocol.tool_calling
+        if calling is not None:
+            return calling.write([(calling.default_tool, query)])
         return f"{self.protocol.call_open} {query} {self.protocol.call_close}"
+
+    def tool_calls(self, calls: list[tuple[str | None, str]]) -> str:
+        """Native tool calls, run in parallel when the turn ends: (source, query) pairs, a source the
+        protocol offers no tool for (or None) going to the first tool."""
+        calling = self.protocol.tool_calling
+        if calling is None:
+            raise ValueError(f"protocol {self.protocol.name!r} has no native tool calls")
+        offered = {name for name, _ in calling.tools}
+        return calling.write([(source if source in offered else calling.default_tool, query) for source, query in calls])
 
     def plan(self, nodes: list[tuple[str, str, str | None]], edges: list[tuple[str, str]]) -> str:
         """An NL-DAG call: ``nodes`` are (label, query, source name or None)."""
@@ -52,6 +68,15 @@ class DialectWriter:
         p = self.protocol
         block = f"{p.evidence_open} {evidence} {p.evidence_close}" if evidence and p.evidence_open else ""
         return f"{p.answer_prefix}{block}{p.answer_open} {p.answer_template.format(answer=answer)} {p.answer_close}"
+
+
+def ends_turn(protocol: Dialect, text: str | None) -> bool:
+    """Whether the end-of-sequence id follows a turn of ``text``: the agent stopped writing, or wrote the
+    answer of a protocol whose answer does not end the episode, or native tool calls, which run when
+    the turn ends."""
+    if not text or (not protocol.answer_ends_episode and protocol.answer_close in text):
+        return True
+    return protocol.tool_calling is not None and protocol.tool_calling.find(text) is not None
 
 
 class ScriptedAgent(Protocol):
@@ -80,7 +105,7 @@ def run_episode(env: Any, agent: ScriptedAgent, *, seed: int | None = None, opti
     for _ in range(max_chunks):
         text = agent.next_text(writer, observation_text)
         ids = base.codec.encode(text) if text else []
-        if not text or (not base.protocol.answer_ends_episode and base.protocol.answer_close in text):
+        if ends_turn(base.protocol, text):
             ids = ids + [min(base.codec.eos_ids)]
         appended_from = len(base.trajectory.token_ids) + len(ids)
         _, _, terminated, truncated, _ = env.step(ids)
@@ -130,6 +155,10 @@ class OracleAgent:
             known = {n.label for n in self._queue}
             edges = [(p, n.label) for n in self._queue for p in n.parents if p in known]
             return writer.think("I plan the sub-questions.") + writer.plan(nodes, edges)
+        if self._queue and writer.protocol.tool_calling is not None:
+            calls = [(n.source, _substitute(n.query, answers)) for n in self._queue]
+            self._queue = []
+            return writer.think("I search every sub-question at once.") + "\n" + writer.tool_calls(calls)
         if self._queue:
             node = self._queue.pop(0)
             return writer.think(f"I need: {node.query}") + writer.call(_substitute(node.query, answers))

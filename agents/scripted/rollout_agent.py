@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from agents.rollout.agent import Chunk
-from agents.scripted.agents import DialectWriter, ScriptedAgent
+from agents.scripted.agents import DialectWriter, ScriptedAgent, ends_turn
 from search_env.data.example import QAExample
 from search_env.protocols import Dialect
 from search_env.tokenization import TokenCodec
@@ -15,10 +15,10 @@ __all__ = ["ScriptedRolloutAgent", "text_chunk"]
 
 def text_chunk(text: str, codec: TokenCodec, protocol: Dialect, budget: int) -> Chunk:
     """A turn written as text, as the ids an LLM would have sampled: its tokens, then end-of-sequence when
-    the turn is empty (the agent has nothing more to say) or closes an answer of a protocol whose answer
-    does not end the episode by itself; cut to ``budget`` ids."""
+    the turn is empty (the agent has nothing more to say), closes an answer of a protocol whose answer
+    does not end the episode by itself, or holds native tool calls (:func:`ends_turn`); cut to ``budget`` ids."""
     ids = codec.encode(text) if text else []
-    if not text or (not protocol.answer_ends_episode and protocol.answer_close in text):
+    if ends_turn(protocol, text):
         ids.append(min(codec.eos_ids))
     return Chunk(ids[:budget])
 

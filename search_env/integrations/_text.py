@@ -113,7 +113,8 @@ class TextEpisode:
     after its first stop string (the protocol's :attr:`~search_env.protocols.Dialect.stop_strings`) and
     stepped as one chunk. A turn that stops anywhere else ended on the model's end-of-sequence token (or
     its length limit), so when such a turn leaves the episode running the end-of-sequence id is stepped
-    too and the episode ends as it would in a token-level rollout.
+    too, as in a token-level rollout: the episode ends, or, where the turn holds native tool calls (the
+    ``tool-calls`` protocols), the calls run and their tool turn is the observation.
     """
 
     def __init__(self, env: SearchQAEnv) -> None:
@@ -159,7 +160,8 @@ class TextEpisode:
             env_ids = [t for t, who in zip(obs["token_ids"], obs["producers"]) if who == ENVIRONMENT]
         if not (terminated or truncated) and not env_ids:
             # The turn stopped on no stop string and nothing answered it: the model ended its generation.
-            _, reward, terminated, truncated, info = self.env.step([self._eos])
+            obs, reward, terminated, truncated, info = self.env.step([self._eos])
+            env_ids = [t for t, who in zip(obs["token_ids"], obs["producers"]) if who == ENVIRONMENT]
         self.reward += float(reward)
         return TextStep(used, self.codec.decode(env_ids), env_ids, float(reward), bool(terminated or truncated),
                         bool(truncated), info)

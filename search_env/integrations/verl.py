@@ -105,8 +105,9 @@ class ToolEpisode:
         settings: :class:`~search_env.SearchQAEnv`'s keyword arguments (protocol, sources, ``top_k``,
             ``max_turns`` ...); episodes with the same settings share one set of sources.
 
-    :meth:`call` writes the call as the protocol's tags around the argument (a query, or an NL-DAG plan)
-    and steps the episode with it; what the environment appends is the tool's answer.
+    :meth:`call` writes the call as the protocol's tags around the argument (a query, or an NL-DAG plan;
+    under the ``tool-calls`` protocols, a native call of the first tool, ending the turn) and steps the
+    episode with it; what the environment appends is the tool's answer.
     """
 
     def __init__(self, question: str, golden_answers: Any, settings: Mapping[str, Any] | None = None) -> None:
@@ -124,5 +125,9 @@ class ToolEpisode:
         """The environment's answer to the call with ``argument``: its result block, or its error text."""
         if self.episode.done:
             return self.protocol.error_text("the episode has ended: no more searches")
-        step = self.episode.step(f"{self.protocol.call_open} {argument} {self.protocol.call_close}")
+        calling = self.protocol.tool_calling
+        if calling is not None:  # a native call of the first tool, run at the turn's end (EOS), as the model ends it
+            step = self.episode.step(calling.write([(calling.default_tool, argument)]))
+        else:
+            step = self.episode.step(f"{self.protocol.call_open} {argument} {self.protocol.call_close}")
         return step.observation

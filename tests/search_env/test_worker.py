@@ -56,7 +56,7 @@ def test_a_rollout_with_the_env_in_a_worker_equals_the_in_process_one(codec, pro
     assert in_process.timings.worker_s == 0
 
 
-@pytest.mark.parametrize("protocol", ["search-r1", "reasoning-search"])
+@pytest.mark.parametrize("protocol", ["search-r1", "reasoning-search", "tool-calls"])
 def test_a_non_streaming_agent_steps_the_worker_turn_by_turn(codec, protocol):
     # Under reasoning-search the in-process rollout runs NL-DAG plans on thread pools before the fork:
     # the worker must not inherit those pools (their threads do not exist in it) and hang.
@@ -68,7 +68,7 @@ def test_a_non_streaming_agent_steps_the_worker_turn_by_turn(codec, protocol):
         via_worker = collect_rollouts(ScriptedRolloutAgent(OracleAgent), worker, [0, 1, 2, 3, 4, 5, 6, 7, 8])
     assert episodes(via_worker) == episodes(in_process)
     assert sum(t.reward for t in via_worker.trajectories) > 0  # the oracle answers: the comparison is not of empty episodes
-    assert all(call.kind == ("dag" if protocol == "reasoning-search" else "query")
+    assert all(call.kind == {"reasoning-search": "dag", "tool-calls": "tool"}.get(protocol, "query")
                for t in via_worker.trajectories for call in t.tool_calls)
 
 

@@ -26,6 +26,11 @@ WRITING = {
     "r-search": ("t ", "<search> q </search>", "<answer> x </answer>",
                  "<original_evidence> ev </original_evidence><answer> x </answer>"),
     "reasoning-search": ("<think> t </think>", "<search> q </search>", "<answer> x </answer>", "<answer> x </answer>"),
+    # native tool calls of the first tool (the registered protocol's is "search"; an environment offers its sources)
+    "tool-calls": ("<think> t </think>", '<tool_call>\n{"name": "search", "arguments": {"query": "q"}}\n</tool_call>',
+                   "<answer> x </answer>", "<answer> x </answer>"),
+    "tool-calls-llama3": ("<think> t </think>", '{"name": "search", "parameters": {"query": "q"}}', "<answer> x </answer>",
+                          "<answer> x </answer>"),
 }
 
 
@@ -105,6 +110,23 @@ def test_oracle_searches_every_step_of_a_decomposition_without_sources(protocol:
     traj = run_episode(env, OracleAgent(), seed=0)
     assert source.calls == [["Green >> performer"], ["Steve Hillage >> spouse"]]  # the parent's answer substituted
     assert [call.content.strip() for call in traj.tool_calls] == ["Green >> performer", "Steve Hillage >> spouse"]
+
+
+@pytest.mark.parametrize("protocol", ["tool-calls", "tool-calls-llama3"])
+def test_oracle_calls_every_step_at_once_with_native_tool_calls(protocol: str) -> None:
+    source = CountingSource()
+    traj = run_episode(SearchQAEnv(protocol, dataset=[MUSIQUE_LIKE], sources=source), OracleAgent(), seed=0)
+    assert source.calls == [["Green >> performer", "Steve Hillage >> spouse"]]  # one turn, one batch
+    assert [call.content for call in traj.tool_calls] == ["Green >> performer", "Steve Hillage >> spouse"]
+    assert traj.response_text.count("<tool_response>") == 2 and traj.reward == 1.0
+
+
+def test_oracle_scores_on_the_synthetic_world_under_tool_calls_as_under_search_r1() -> None:
+    rewards = {}
+    for protocol in ("search-r1", "tool-calls", "tool-calls-llama3"):
+        env = SearchQAEnv(protocol, world_size=200)
+        rewards[protocol] = [run_episode(env, OracleAgent(), options={"index": i}).reward for i in range(40)]
+    assert rewards["tool-calls"] == rewards["tool-calls-llama3"] == rewards["search-r1"] == [1.0] * 40
 
 
 def test_oracle_plans_every_step_with_its_edges() -> None:

@@ -14,8 +14,8 @@ import search_env  # noqa: F401 - registers SearchQA-v0
 from search_env import ENVIRONMENT, SEED_PROTOCOLS, SearchQAEnv, get_protocol
 from search_env.data.example import QAExample
 
-#: Every built-in protocol: the five seed systems and the compact demo dialect.
-PROTOCOLS = (*SEED_PROTOCOLS, "search-r1-compact")
+#: Every built-in protocol: the five seed systems, the compact demo dialect and native tool calls.
+PROTOCOLS = (*SEED_PROTOCOLS, "search-r1-compact", "tool-calls")
 
 
 @dataclass
@@ -28,7 +28,12 @@ class Turn:
 
     def text(self, protocol: str) -> str:
         p = get_protocol(protocol)
-        call = f"{p.call_open} {self.argument} {p.call_close}" if self.argument is not None else ""
+        if self.argument is None:
+            call = ""
+        elif p.tool_calling is not None:  # a native call, run when the turn ends, of the synthetic world's
+            call = p.tool_calling.write([("all", self.argument)])  # default source: the adapters' first tool
+        else:
+            call = f"{p.call_open} {self.argument} {p.call_close}"
         return self.before + call + self.after
 
 
@@ -46,6 +51,9 @@ def script(protocol: str, example: QAExample, tool: str) -> list[Turn]:
     if protocol == "research":  # the answer's close tag is no stop string: the turn runs on to EOS
         return [Turn("<think> search </think> ", query, " after the stop"),
                 Turn(f" <think> ok </think> <answer> The final answer is \\[ \\boxed{{{answer}}} \\] </answer>")]
+    if protocol == "tool-calls":  # calls end their turn (EOS), the answer's close tag stops the last one
+        return [Turn("<think> I need facts. </think>\n", query), Turn("<think> more </think>\n", f"{query} details"),
+                Turn(f"<think> found </think><answer> {answer} </answer> trailing text")]
     if protocol == "r-search":
         return [Turn("I should look it up. ", query), Turn(f"<original_evidence> {query} </original_evidence><answer> {answer} </answer>")]
     return [Turn("<think> I need facts. </think>", query), Turn("<think> and more </think>", f"{query} details"),
