@@ -44,7 +44,8 @@ first) runs by its name with its own defaults and the shared fields, sampling ``
 question like the grouped ones (:func:`registered_variant`).
 
 **Recorded per step**, from the trainer's step metrics (``metrics.jsonl`` holds the same numbers):
-training reward, searches and agent tokens per episode, and the policy's entropy on trained tokens
+training reward, searches and agent tokens per episode, the share of episodes without a search (a run whose
+policy stopped searching: ``rollout/zero_search_frac``), and the policy's entropy on trained tokens
 (``run.log_entropy``); and, measured by this benchmark's callback on each step's own episodes, the KL of
 the policy that sampled them to the warm-started policy (k3 per trained token, at the sampling
 temperature), the same measure for every algorithm whether or not its loss has a KL term. Held-out

@@ -36,12 +36,15 @@ METRICS: dict[str, tuple[str, bool]] = {
     "heldout_em": ("held-out greedy EM", True),
     "heldout_em_2hop": ("held-out greedy EM, 2-hop questions", True),
     "searches": ("searches per episode", False),
+    "zero_search_frac": ("share of episodes without a search", False),
     "response_tokens": ("agent tokens per episode", False),
     "kl": ("KL to the warm start (k3 per trained token)", False),
     "entropy": ("policy entropy (nats per trained token)", False),
 }
-#: Step metrics read from the trainer's metrics (the KL is the callback's own).
-_TRAINER_METRICS = ("reward", "searches", "response_tokens", "entropy")
+#: Step metrics read from the trainer's metrics, by the name the record keeps, the trainer's name (the KL is
+#: the callback's own).
+_TRAINER_METRICS = {"reward": "reward", "searches": "searches", "zero_search_frac": "rollout/zero_search_frac",
+                    "response_tokens": "response_tokens", "entropy": "entropy"}
 
 
 def kl_to_reference(policy: HFPolicy, reference: HFPolicy, trajectories: Sequence[Trajectory], *, temperature: float,
@@ -123,7 +126,7 @@ class AlgorithmCurve(Callback):
         self._kl = kl_to_reference(trainer.policy, self._reference, trajectories, temperature=trainer.config.rollout.temperature)
 
     def on_update(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
-        point = {"step": trainer.step, **{name: _number(metrics.get(name)) for name in _TRAINER_METRICS}, "kl": self._kl,
+        point = {"step": trainer.step, **{name: _number(metrics.get(key)) for name, key in _TRAINER_METRICS.items()}, "kl": self._kl,
                  "episodes": self.record.episodes, "cpu_s": time.process_time() - self._started[1]}
         self.record.steps.append(point)
 

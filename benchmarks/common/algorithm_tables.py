@@ -29,11 +29,12 @@ PROFILE_TAUS = tuple(i / 20 for i in range(21))
 
 def final_value(record: RunRecord, metric: str, window: int) -> float | None:
     """A run's final value of ``metric``: the mean of its last ``window`` steps' values for a step metric;
-    the ``"final"`` evaluation's for a held-out one (``None`` when it has none)."""
+    the ``"final"`` evaluation's for a held-out one (``None`` when it has none, e.g. a metric recorded only
+    since a later version than the run's record)."""
     if METRICS[metric][1]:
         finals = [p[metric] for p in record.evaluations if p["stage"] == "final"]
         return finals[-1] if finals else None
-    values = [p[metric] for p in record.steps if p[metric] is not None][-window:]
+    values = [p[metric] for p in record.steps if p.get(metric) is not None][-window:]
     return statistics.fmean(values) if values else None
 
 
@@ -199,7 +200,8 @@ def _collapses(steps: Sequence[int | None]) -> str:
 
 
 _TABLE = (("start EM", "start_em", 3), ("final reward", "reward", 3), ("held-out EM", "heldout_em", 3),
-          ("2-hop EM", "heldout_em_2hop", 3), ("EM curve area", "heldout_em_auc", 3), ("searches", "searches", 2), ("tokens", "response_tokens", 1),
+          ("2-hop EM", "heldout_em_2hop", 3), ("EM curve area", "heldout_em_auc", 3), ("searches", "searches", 2),
+          ("no-search share", "zero_search_frac", 2), ("tokens", "response_tokens", 1),
           ("KL", "kl", 4), ("entropy", "entropy", 3), ("wall min", "wall_minutes", 1), ("CPU min", "cpu_minutes", 1))
 
 
@@ -266,7 +268,7 @@ def _csv(value: float | None) -> str:
 
 def _curve(record: RunRecord, metric: str) -> list[tuple[int, float]]:
     points = record.evaluations if METRICS[metric][1] else record.steps
-    return [(p["step"], p[metric]) for p in points if p[metric] is not None]
+    return [(p["step"], p[metric]) for p in points if p.get(metric) is not None]
 
 
 def plot_metric(records: Sequence[RunRecord], metric: str, path: Path) -> Path:

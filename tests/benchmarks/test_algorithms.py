@@ -184,6 +184,7 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
         for logged, kept in zip(steps, run["steps"]):
             for key in ("reward", "searches", "response_tokens", "entropy"):
                 assert kept[key] == logged[key], key
+            assert kept["zero_search_frac"] == logged["rollout/zero_search_frac"]
         evaluations = [r for r in records if any(k.startswith("eval/greedy/") for k in r)]
         assert [_heldout_em(r) for r in evaluations] == pytest.approx([p["heldout_em"] for p in run["evaluations"]])
         assert [p["stage"] for p in run["evaluations"]] == ["start", None, "final"]
@@ -198,6 +199,8 @@ def test_quick_writes_tables_and_plots_that_agree_with_the_runs_metrics(tmp_path
         row = table[run["algorithm"]]
         assert float(row["reward_mean"]) == pytest.approx(statistics.fmean(rewards))
         assert float(row["heldout_em_mean"]) == pytest.approx(final) and float(row["reward_std"]) == 0.0
+        shares = [r["rollout/zero_search_frac"] for r in _metrics(Path(run["output_dir"])) if "stage" not in r][-2:]
+        assert float(row["zero_search_frac_mean"]) == pytest.approx(statistics.fmean(shares))
         assert row["episodes_per_step"] == "4"
     assert results["warm_starts"]["0"]["reused"] is False and results["machine"]["cores"] >= 1
 

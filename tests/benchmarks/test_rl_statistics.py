@@ -148,6 +148,31 @@ def test_area_under_the_em_curve_and_steps_to_thresholds_by_hand() -> None:
     assert area_under_curve(_record("x", 0, [(0, 0.7)])) is None  # one evaluation has no area
 
 
+def test_the_share_of_episodes_without_a_search_is_recorded_and_tabled_per_algorithm() -> None:
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from benchmarks.common.algorithm_runs import AlgorithmCurve, RunRecord
+    from benchmarks.common.algorithm_tables import format_table, summarize
+
+    # the trainer's rollout/zero_search_frac of each step is what the record keeps
+    curve = AlgorithmCurve(RunRecord("mute", 0, "/runs/mute/0"))
+    for step, share in ((1, 0.5), (2, 1.0), (3, 1.0)):
+        curve.on_update(SimpleNamespace(step=step), {"reward": 0.0, "searches": 1.0 - share, "rollout/zero_search_frac": share})
+    assert [p["zero_search_frac"] for p in curve.record.steps] == [0.5, 1.0, 1.0]
+    mute = _record("mute", 0, [(0, 0.0), (3, 0.0)])
+    mute.steps = [{**p, **kept} for p, kept in zip(mute.steps, curve.record.steps)]
+    searching = _record("searching", 0, [(0, 0.0), (3, 0.5)])  # zero_search_frac 0.0 at every step
+    older = _record("older", 0, [(0, 0.0), (3, 0.5)])  # a record made before the share was kept
+    for point in older.steps:
+        del point["zero_search_frac"]
+    rows = summarize([mute, searching, older], window=2, reps=50)
+    assert [row["zero_search_frac"]["mean"] for row in rows] == [1.0, 0.0, None]  # the mean of the last 2 steps
+    header, _, *lines = format_table(rows).splitlines()
+    column = [cell.strip() for cell in header.split("|")].index("no-search share")
+    assert [[cell.strip() for cell in line.split("|")][column] for line in lines] == ["1.00", "0.00", "-"]
+
+
 def test_the_tables_carry_iqm_intervals_thresholds_and_improvements() -> None:
     pytest.importorskip("torch")
     from benchmarks.common.algorithm_tables import PROFILE_TAUS, format_improvements, format_table, improvements, profiles, summarize
