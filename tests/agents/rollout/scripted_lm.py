@@ -37,7 +37,7 @@ from search_env.protocols import Dialect
 from search_env.sources.base import Passage
 from search_env.tokenization import TokenCodec
 
-__all__ = ["ScriptedEpisode", "script_episode", "script_texts", "scripted_lm"]
+__all__ = ["ScriptedEpisode", "script_episode", "script_texts", "scripted_lm", "scriptable_protocols"]
 
 #: The LM head's weight on an id's successor. After the final norm an id's unit is 1/sqrt(3) or
 #: 1/sqrt(2), so the successor leads every other id by more than SUCCESSOR_WEIGHT / 4 / sqrt(3) nats.
@@ -81,6 +81,15 @@ class ScriptedEpisode:
     def agent_ids(self) -> list[int]:
         """Every id the agent writes in an episode, in order."""
         return self.search_ids + self.answer_ids
+
+
+def scriptable_protocols() -> list[str]:
+    """The registered protocols a scripted model can write: all but native tool calls, whose JSON
+    repeats the quote id with different successors (the built-in tokenizer has no id holding a quote
+    and anything else), which no spelling with one successor per id can write."""
+    from search_env import available_protocols, get_protocol
+
+    return [name for name in available_protocols() if get_protocol(name).call_kind != "tools"]
 
 
 def script_texts(protocol: Dialect, query: str, answer: str) -> tuple[str, str]:

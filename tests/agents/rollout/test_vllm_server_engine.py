@@ -27,10 +27,10 @@ from agents.rollout.collect import collect_rollouts
 from agents.rollout.engines import EngineSetup, lookup_engine
 from agents.rollout.vllm_server_engine import RolloutServerError, VLLMServerEngineOptions
 from agents.rollout.vllm_folder import write_model_folder
-from search_env import BatchSearchQAEnv, available_protocols
+from search_env import BatchSearchQAEnv
 from search_env.tokenization import as_codec
 from search_env.trajectory import AGENT
-from tests.agents.rollout.scripted_lm import script_episode, scripted_lm
+from tests.agents.rollout.scripted_lm import script_episode, scriptable_protocols, scripted_lm
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -238,7 +238,7 @@ def test_multi_turn_episodes_under_every_protocol(engine, policy):
     codec, questions = policy.codec, [0, 1, 2]
     saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
     try:
-        for protocol in available_protocols():
+        for protocol in scriptable_protocols():
             env = BatchSearchQAEnv(len(questions) * 2, protocol=protocol, tokenizer=codec, max_new_tokens=64,
                                    max_context=MAX_CONTEXT)
             prompts = [env.envs[0].first_observation(env.examples[q])[0]["token_ids"] for q in questions]

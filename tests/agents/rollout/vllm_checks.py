@@ -313,8 +313,7 @@ def check_multi_turn() -> dict:
     from agents.rollout.batch import build_batch
     from agents.training.backends import build_backend
     from agents.training.config import EnvConfig, RolloutConfig, TrainConfig
-    from search_env import available_protocols
-    from tests.agents.rollout.scripted_lm import script_episode, scripted_lm
+    from tests.agents.rollout.scripted_lm import script_episode, scriptable_protocols, scripted_lm
 
     codec = as_codec(None)
     config = TrainConfig("grpo", algorithm=GRPOConfig(group_size=2, kl_coef=0.0),
@@ -323,7 +322,7 @@ def check_multi_turn() -> dict:
     questions, group_size = [0, 1, 2], 2
     policy = engine = None
     result = {}
-    for protocol in available_protocols():
+    for protocol in scriptable_protocols():
         env = BatchSearchQAEnv(len(questions) * group_size, protocol=protocol, tokenizer=codec,
                                max_new_tokens=config.env.max_new_tokens, max_context=config.env.max_context)
         prompts = [env.envs[0].first_observation(env.examples[q])[0]["token_ids"] for q in questions]
