@@ -3,6 +3,10 @@
 :class:`VLLMEngine` builds one ``vllm.LLM`` from an :class:`~agents.policies.policy.HFPolicy` (the policy
 is written once as a model folder and vLLM loads it), colocated with the trainer: in the same process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and on the same device, taking ``memory_fraction`` of its memory.
+In training (:meth:`VLLMEngine.build`) the folder holds no weights: the engine starts from vLLM's placeholder
+weights and its first sync streams the trained ones in. So every data-parallel rank builds its own engine the
+same way, the colocated layout (TRL's ``vllm_mode="colocate"``, verl's hybrid engine), and a sharded policy is
+never gathered whole for it.
 :meth:`VLLMEngine.agent` gives a :class:`VLLMAgent` for one rollout. It is the ``vllm`` rollout engine
 (:mod:`agents.rollout.engines`): ``rollout.engine: vllm`` in training, ``vllm:MODEL`` in ``benchmarks.evaluate``.
 
@@ -153,8 +157,8 @@ class VLLMEngine(EngineWithWeights):
     Args:
         policy: the trained policy; its LM and tokenizer are written to a temporary model folder that
             vLLM loads (removed by :meth:`close`); with LoRA adapters, its frozen base, the adapters
-            being added apart (module docstring). Under ZeRO-3 build the engine within the backend's
-            ``generation()``, where the weights it writes are whole.
+            being added apart (module docstring). Under ZeRO-3 build an engine that ``preload``\ s within the
+            backend's ``generation()``, where the weights it writes are whole.
         memory_fraction: the share of the device's memory vLLM may take (``gpu_memory_utilization``). On a
             CPU the KV cache is that share of the machine's memory, at most :data:`CPU_KV_CACHE_GIB_MAX` GiB
             (``VLLM_CPU_KVCACHE_SPACE`` overrides it).
@@ -163,6 +167,10 @@ class VLLMEngine(EngineWithWeights):
         sleep: release the engine's memory between rollouts (:meth:`sleep`, :meth:`wake_up`).
         seed: the engine's seed (each rollout's requests also carry their own seeds).
         temperature / top_p: how its sampled agents sample, unless :meth:`agent` says otherwise.
+        preload: write the policy's weights into the folder for vLLM to load at start. ``False``: the folder
+            holds the config and tokenizer alone, vLLM starts from placeholder weights (its ``dummy`` load)
+            and the engine counts as stale, so its first use syncs the weights one tensor at a time (with LoRA,
+            the frozen base once, then the adapters); any rank of a data-parallel run can build it so.
         engine_kwargs: further ``vllm.LLM`` arguments.
     """
 
@@ -173,7 +181,7 @@ class VLLMEngine(EngineWithWeights):
 
     def __init__(self, policy: HFPolicy, *, memory_fraction: float = 0.3, max_model_len: int = 4096,
                  dtype: str = "float32", sleep: bool = False, seed: int = 0, temperature: float = 1.0,
-                 top_p: float = 1.0, **engine_kwargs: Any) -> None:
+                 top_p: float = 1.0, preload: bool = True, **engine_kwargs: Any) -> None:
         vllm = _import_vllm()
         self.policy, self.codec = policy, policy.codec
         self.temperature, self.top_p = temperature, top_p
@@ -184,7 +192,7 @@ class VLLMEngine(EngineWithWeights):
         self._folder = tempfile.mkdtemp(prefix="searchqa-vllm-")
         # Removed by close(), or when the engine is collected or the interpreter exits without it.
         self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
-        write_model_folder(policy, self._folder)
+        write_model_folder(policy, self._folder, weights=preload)
         self._device_type = next(policy.model.parameters()).device.type
         on_cpu = self._device_type == "cpu"
         kwargs: dict[str, Any] = {
@@ -193,6 +201,8 @@ class VLLMEngine(EngineWithWeights):
             "logprobs_mode": "processed_logprobs", "gpu_memory_utilization": memory_fraction,
             "enforce_eager": True,
         }
+        if not preload:
+            kwargs["load_format"] = "dummy"
         if on_cpu:
             # A prompt prefilled in chunks over several engine steps rewinds its request's random
             # generator after each partial step, and a CPU generator has no offset to rewind: every
@@ -216,14 +226,16 @@ class VLLMEngine(EngineWithWeights):
             self._remove_folder()
             raise
         self.syncs = 0
-        #: The policy's weights changed since the engine last loaded them (see :meth:`attach`).
-        self.stale = False
+        #: The policy's weights changed since the engine last loaded them (see :meth:`attach`), or never were.
+        self.stale = not preload
+        #: A LoRA engine's frozen base is still vLLM's placeholder (``preload=False``): the first sync loads it.
+        self._base_pending = self.lora and not preload
         #: Where the weights come from: the policy's own tensors, until :meth:`attach` names a backend.
         self._weights: Callable[..., Iterator[tuple[str, torch.Tensor]]] = self._policy_weights
         #: The adapters every request carries (``None`` without LoRA), and the ids given out so far.
         self.lora_request: Any = None
         self._lora_ids = itertools.count(1)
-        if self.lora:
+        if self.lora and preload:
             try:
                 self._load_adapters()
             except BaseException:
@@ -232,11 +244,12 @@ class VLLMEngine(EngineWithWeights):
 
     @classmethod
     def build(cls, options: VLLMEngineOptions, setup: EngineSetup) -> VLLMEngine:
-        """The engine of ``rollout.engine: vllm``, built within ``setup.whole_weights()`` (a sharded
-        policy's weights are whole there to be written out)."""
-        with setup.whole_weights():
-            return cls(setup.policy, memory_fraction=options.memory_fraction, max_model_len=setup.max_context,
-                       sleep=options.sleep, seed=setup.seed, temperature=setup.temperature, top_p=setup.top_p)
+        """The engine of ``rollout.engine: vllm``, with no weights until its first use syncs them (``preload``
+        off): on one process and on every data-parallel rank alike, and a sharded policy is read one gathered
+        tensor at a time, never whole (``setup.whole_weights`` is not needed)."""
+        return cls(setup.policy, memory_fraction=options.memory_fraction, max_model_len=setup.max_context,
+                   sleep=options.sleep, seed=setup.seed, temperature=setup.temperature, top_p=setup.top_p,
+                   preload=False)
 
     def own_precision(self) -> torch.autocast:
         """Within the block a caller's autocast is off for the engine's device: vLLM computes in its own
@@ -281,6 +294,10 @@ class VLLMEngine(EngineWithWeights):
         source = self._weights if weights is None else weights
         if self._asleep:
             self._wake()
+        if self._base_pending:  # the frozen base, once, from the live weights (a snapshot holds adapters alone)
+            with self.own_precision():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights()})
+            self._base_pending = False
         if self.lora:
             self._load_adapters(source)
         else:

@@ -183,8 +183,13 @@ class RolloutDriver:
             self.sync_check.follow(self.engine)
 
     def sync_metrics(self) -> dict[str, float]:
-        """The sync check's metrics since the last call (``rollout/sync_gap``), or none."""
-        return self.sync_check.take_metrics() if self.sync_check is not None else {}
+        """The sync check's metrics since the last call (``rollout/sync_gap``), or none. With several ranks, each
+        holding its own engine, also this rank's own gap (``rollout/sync_gap_rank{N}``): the step's log keeps
+        every rank's, so a rank whose engine went unchecked shows."""
+        metrics = self.sync_check.take_metrics() if self.sync_check is not None else {}
+        if metrics and self.backend.world_size > 1:
+            metrics[f"rollout/sync_gap_rank{self.backend.rank}"] = metrics["rollout/sync_gap"]
+        return metrics
 
     def decoding(self) -> AbstractContextManager[Any]:
         """The backend's :meth:`~agents.training.backends.base.TrainingBackend.generation` block when the engine

@@ -85,9 +85,9 @@ def test_lora_adapters_are_served_on_the_base_and_follow_an_optimiser_step(weigh
     assert lora["stale_after_step"] and lora["syncs"] == 2, lora
     assert lora["moved"] > 1e-2 and lora["after_gap"] < LOGPROB_ATOL, lora  # the new adapters, served
     assert lora["base_unchanged"] == 0.0, lora
-    # a new id per sync (the engine's first adapters, attach's sync, the step's): the previous ones dropped
-    assert lora["current_adapter"] == 3 and lora["loaded_adapters"] == [3], lora
-    assert lora["adapter_folders"] == ["adapter-3"], lora
+    # a new id per sync (the first sync's, with the frozen base, then the step's): the previous ones dropped
+    assert lora["current_adapter"] == 2 and lora["loaded_adapters"] == [2], lora
+    assert lora["adapter_folders"] == ["adapter-2"], lora
 
 
 def test_episodes_under_every_protocol_keep_token_in_token_out(results):
