@@ -56,8 +56,9 @@ def test_skipped_updates_are_logged_warned_once_and_reported(tmp_path, capsys):
     trainer, result = run(small_config("grpo", tmp_path, {**HUGE_LR, "optim.max_skipped_updates": 100}))
     steps = records(result.metrics_path)
     assert [(r["updates/applied"], r["updates/skipped"]) for r in steps] == [(1, 3), (0, 4), (0, 4), (0, 4)]
-    warned = warnings_in(capsys.readouterr().err)
-    assert len(warned) == 1 and warned[0].startswith("warning: step 1: 3 optimiser update(s) skipped")
+    warned = warnings_in(capsys.readouterr().err)  # besides that the policy, its weights not finite, never searches
+    assert [line for line in warned if "no episode searched" not in line] == warned[:1]
+    assert warned[0].startswith("warning: step 1: 3 optimiser update(s) skipped")
     assert (result.steps_run, result.updated_steps, result.skipped_updates) == (4, 1, 15)
     assert result.report().splitlines()[1] == (
         "updated the policy at 1 of the 4 steps this invocation took (15 optimiser updates skipped: non-finite gradient norm)")
