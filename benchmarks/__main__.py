@@ -18,7 +18,7 @@ __all__ = ["COMMANDS", "description", "main"]
 
 #: The commands, grouped as the README describes them: learning and evaluation, then speed and memory.
 COMMANDS: tuple[str, ...] = (
-    "learning", "algorithms", "classic_rl", "evaluate", "real_model", "retrieval_recall",
+    "learning", "trl_learning", "algorithms", "classic_rl", "evaluate", "real_model", "retrieval_recall",
     "suite", "env_overhead", "answer_turn", "retrieval_throughput", "dag_critical_path", "dag_parse_adversarial",
     "rollout_overhead", "rollout_throughput", "async_rollouts", "grpo_step_vs_trl", "data_parallel", "memory_soak", "gpu_check",
 )
