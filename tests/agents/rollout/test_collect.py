@@ -49,6 +49,8 @@ class TagBiasedLM(nn.Module):
             if len(ids) > 1:
                 longer = [i for i, b in enumerate(codec.token_bytes) if b != last and b.startswith(last)][:2]
                 pairs.update((ids[-2], i) for i in longer)
+        if protocol.call_kind == "tools":  # a turn of native tool calls ends with EOS, which runs them
+            pairs.add((codec.encode(protocol.call_close)[-1], min(codec.eos_ids)))
         bias[list(codec.eos_ids)] = eos
         self.register_buffer("bias", bias)
         self.register_buffer("after", torch.tensor(sorted(a for a, _ in pairs), dtype=torch.long))
@@ -134,7 +136,7 @@ def codec():
     return as_codec(None)
 
 
-@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, SEARCH_R1_COMPACT.name])
+@pytest.mark.parametrize("protocol", [*SEED_PROTOCOLS, SEARCH_R1_COMPACT.name, "tool-calls"])
 def test_token_in_token_out_over_every_protocol_with_the_builtin_tokenizer(codec, protocol):
     policy = biased_policy(codec, protocol)
     env = BatchSearchQAEnv(8, protocol=protocol, tokenizer=codec, max_new_tokens=96)
@@ -143,6 +145,9 @@ def test_token_in_token_out_over_every_protocol_with_the_builtin_tokenizer(codec
     check_token_in_token_out(policy, sampler, rollout)
     assert any(multi_turn(t) for t in rollout.trajectories)
     assert policy.model.fed_tokens == tokens_fed_once(rollout.trajectories)
+    if protocol == "tool-calls":  # a turn of calls ends with EOS, and the sampler writes on after its tool turn
+        eos = min(codec.eos_ids)
+        assert any(eos in t.token_ids[t.prompt_length : -1] for t in rollout.trajectories)
 
 
 def test_tags_split_over_tokens_and_ending_inside_a_token_stop_where_the_env_does(split_tag_tokenizer):
