@@ -435,7 +435,8 @@ def tool_calls_protocol(call_format: str = "hermes", **changes: Any) -> Dialect:
     """The ``tool-calls`` protocol (:mod:`search_env.tool_calls`) with calls in ``call_format``
     (``hermes``: ``tool-calls``; ``llama3``: ``tool-calls-llama3``), other fields changed by ``changes``.
     Results, answer and reward are Search-R1's: ``Doc i(Title: ...)`` passages, the last
-    ``<answer>`` scored by EM."""
+    ``<answer>`` scored by EM. ``call_open``/``call_close`` are the format's call tags (``{``/``}`` for
+    ``llama3``, whose JSON calls stand alone): the environment reads calls with the call format, never by them."""
     calling = ToolCalling(call_format=call_format)
     fields: dict[str, Any] = dict(
         name="tool-calls" if call_format == "hermes" else f"tool-calls-{call_format}", call_kind="tools",

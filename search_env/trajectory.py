@@ -32,7 +32,7 @@ class ToolCall:
     """One search call: what was asked, of which source(s), what came back and how long it took."""
 
     turn: int
-    kind: str  # "query" or "dag"
+    kind: str  # "query", "dag" or "tool" (one native tool call)
     content: str  # the query, or the plan text
     sources: list[str]
     k: int
