@@ -1,8 +1,9 @@
 """MCPSource against the example MCP server (examples/mcp_search_server.py), started over stdio (and once
 over streamable HTTP): it starts, answers as a BM25 source over the same passages does, answers several
 queries (and several callers) at once, turns a killed, hung or missing server into a one-line SourceError
-with its counters, never a hang, and stops its server on close. Server processes are found in /proc as
-children of this process; every wait is bounded."""
+with its counters, never a hang, and stops its server on close. The failure tests use a server that starts
+faster (mcp_text_server.py, no index to build; it also answers in plain text and has a tool that fails).
+Server processes are found in /proc as children of this process; every wait is bounded."""
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ skip_without("mcp", "mcp")
 from search_env.sources.mcp import MCPSource, register_mcp_source, tool_result_passages  # noqa: E402
 
 SERVER = REPO_ROOT / "examples" / "mcp_search_server.py"
+TEXT_SERVER = Path(__file__).with_name("mcp_text_server.py")
 COMMAND = [sys.executable, str(SERVER)]
 QUERIES = ["capital of Vroultiar", "country founded in 1568", "who founded the company", "zzz unknown words"]
 WAIT_S = 10.0  # upper bound for any wait in this file
@@ -34,8 +36,8 @@ if not Path("/proc/self/stat").exists():
     pytest.skip("finding the server's process needs /proc", allow_module_level=True)
 
 
-def server_pids() -> list[int]:
-    """The example server processes that are children of this process (a stdio server is one)."""
+def server_pids(server: Path = TEXT_SERVER) -> list[int]:
+    """The processes of ``server`` that are children of this process (a stdio server is one)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -46,7 +48,7 @@ def server_pids() -> list[int]:
         except OSError:  # gone meanwhile
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and SERVER.name.encode() in cmdline:
+        if parent == os.getpid() and server.name.encode() in cmdline:
             pids.append(int(entry.name))
     return pids
 
@@ -75,10 +77,10 @@ def shared() -> Iterator[MCPSource]:
 
 @pytest.fixture
 def own() -> Iterator[tuple[MCPSource, int]]:
-    """A server of the test's own and its process id, for the tests that kill or stop it; killed and
-    closed after."""
+    """A server of the test's own (the quick one to start) and its process id, for the tests that kill or
+    stop it; killed and closed after."""
     before = set(server_pids())
-    source = MCPSource(COMMAND, name="wiki", timeout_s=2.0)
+    source = MCPSource([sys.executable, str(TEXT_SERVER), "0"], name="wiki", timeout_s=2.0)
     (pid,) = set(server_pids()) - before
     yield source, pid
     if alive(pid):
@@ -87,7 +89,7 @@ def own() -> Iterator[tuple[MCPSource, int]]:
 
 
 def test_a_started_server_answers_as_bm25_over_the_same_passages(shared: MCPSource, bm25: BM25Source) -> None:
-    assert shared.name == "wiki" and len(server_pids()) >= 1
+    assert shared.name == "wiki" and len(server_pids(SERVER)) == 1
     assert shared.search(QUERIES, 3) == bm25.search(QUERIES, 3)
     assert shared.search(QUERIES[:1], 1) == bm25.search(QUERIES[:1], 1)
     assert shared.search([], 3) == [] and shared.search(["x"], 0) == [[]]
@@ -150,8 +152,8 @@ def test_a_server_that_never_answers_the_handshake_fails_after_start_timeout_s()
 
 def test_a_missing_tool_is_one_line_naming_the_tools() -> None:
     before = server_pids()
-    with pytest.raises(SourceError, match=r"^source 'wiki': cannot start .*: it has no tool 'lookup' \(its tools: search\)$"):
-        MCPSource(COMMAND, name="wiki", tool="lookup")
+    with pytest.raises(SourceError, match=r"^source 'wiki': cannot start .*: it has no tool 'lookup' \(its tools: search, broken\)$"):
+        MCPSource([sys.executable, str(TEXT_SERVER), "0"], name="wiki", tool="lookup")
     assert server_pids() == before  # the server that was started for the check is stopped
 
 
@@ -191,6 +193,29 @@ def test_tool_results_become_passages() -> None:
     assert [(p.id, p.title, p.text) for p in plain] == [("1", "", "first hit"), ("2", "", "second hit")]
     with pytest.raises(ValueError, match="a document needs"):
         tool_result_passages([{"id": "x", "body": "?"}], [])
+
+
+def test_queries_in_flight_together_overlap_and_text_blocks_become_passages() -> None:
+    source = MCPSource([sys.executable, str(TEXT_SERVER), "1.0"], name="web", timeout_s=WAIT_S)
+    try:
+        started = time.monotonic()
+        results = source.search(["a", "b", "c", "d"], 2)
+        elapsed = time.monotonic() - started
+    finally:
+        source.close()
+    assert [[(p.id, p.title, p.text) for p in passages] for passages in results] == [
+        [("1", "", f"hit 1 for {query}"), ("2", "", f"hit 2 for {query}")] for query in "abcd"]
+    assert elapsed < 3.0  # each call waits 1 s on the server: one after another would take 4 s
+
+
+def test_a_tool_that_reports_an_error_is_a_failed_search_with_its_first_line() -> None:
+    source = MCPSource([sys.executable, str(TEXT_SERVER), "0"], name="web", tool="broken")
+    try:
+        with pytest.raises(SourceError, match=r"^source 'web': MCP tool 'broken' reported an error: .*the index behind this tool is offline$"):
+            source.search(["x"], 1)
+        assert source.failed_searches == 1 and source.timeouts == 0
+    finally:
+        source.close()
 
 
 def free_port() -> int:
