@@ -476,9 +476,8 @@ class TrainConfig:
         if getattr(algorithm, "overlong_buffer", 0) > self.env.max_new_tokens:
             raise ValueError(f"algorithm.overlong_buffer must be in [0, env.max_new_tokens={self.env.max_new_tokens}], "
                              f"got {algorithm.overlong_buffer}")
-        if self.rollout.max_staleness:  # refused here, before any model loads, when the engine cannot serve it
-            from agents.training.async_rollout import check_staleness_engine
-            check_staleness_engine(self.rollout.max_staleness, self.rollout.engine)
+        from agents.training.layout_checks import check_layout  # backend, ranks and engine: before any model loads
+        check_layout(self)
         if self.run.stop_after is not None and self.run.stop_after > self.run.steps:
             raise ValueError(f"run.stop_after ({self.run.stop_after}) is past run.steps ({self.run.steps})")
         if self.model.lora_rank > 0:

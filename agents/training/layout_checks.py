@@ -1,0 +1,35 @@
+"""Which layouts a run can take - backend, number of ranks, rollout engine and its options together - checked
+when the run's config is, so that a combination that cannot run ends in one line before any model loads.
+
+Run (tested on CPU ranks over gloo): one process with any engine; data-parallel ranks (``run.backend`` fsdp,
+deepspeed at ZeRO-2 or ZeRO-3, under ``torchrun``) with any engine, the in-process vLLM engine colocated on
+every rank (each rank its own engine, synced from the gathered weights one tensor at a time).
+
+Refused: an engine that holds no weights of its own with ``rollout.max_staleness`` (nothing to keep a rollout
+ahead on), and ``rollout.max_staleness`` on several ranks (their rollouts and updates take collectives in
+step, which a rollout ahead on a thread of its own would interleave).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agents.training.async_rollout import check_staleness_engine
+from agents.training.backends.distributed import launcher_world_size
+
+if TYPE_CHECKING:
+    from agents.training.config import TrainConfig
+
+__all__ = ["check_layout"]
+
+
+def check_layout(config: TrainConfig) -> None:
+    """Raise ``ValueError`` (one line) when ``config``, launched as this process was (``WORLD_SIZE`` ranks),
+    asks for a layout that cannot run (module docstring)."""
+    staleness = config.rollout.max_staleness
+    if not staleness:
+        return
+    check_staleness_engine(staleness, config.rollout.engine)
+    ranks = launcher_world_size()
+    if ranks > 1:
+        raise ValueError(f"rollout.max_staleness {staleness} runs on one process; this launch has {ranks} ranks "
+                         "(their rollouts and updates take collectives in step): drop it, or run one process")
