@@ -95,6 +95,10 @@ class MCPSource(Source):
             raise ValueError("MCPSource needs exactly one of command= (a stdio server) and url= (a streamable-HTTP server)")
         if timeout_s <= 0 or start_timeout_s <= 0:
             raise ValueError(f"timeout_s and start_timeout_s must be positive, got {timeout_s} and {start_timeout_s}")
+        try:
+            import mcp  # noqa: F401  (here, not on the loop's thread, so a missing extra is said plainly)
+        except ImportError as exc:
+            raise ImportError("MCPSource needs the 'mcp' extra: pip install -e '.[mcp]'") from exc
         self.command: list[str] | None = None
         if command is not None:
             self.command = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
@@ -154,7 +158,10 @@ class MCPSource(Source):
         if self._ended is not None:
             self._count_failure(timed_out=False)
             raise SourceError(f"source {self.name!r}: the MCP server {self._server} is gone: {self._ended}")
-        future = self._submit(self._search_all(queries, k))
+        try:
+            future = self._submit(self._search_all(queries, k))
+        except RuntimeError:  # the loop was closed by a close() on another thread
+            raise SourceError(f"source {self.name!r} is closed") from None
         try:
             return future.result(timeout=self.timeout_s)
         except FutureTimeout:

@@ -124,6 +124,21 @@ def test_a_killed_server_is_a_failed_search_with_a_counter_not_a_hang(own: tuple
     assert time.monotonic() - started < WAIT_S
 
 
+def test_in_the_environment_a_dead_server_is_an_error_observation(own: tuple[MCPSource, int]) -> None:
+    from search_env.env import SearchQAEnv
+
+    source, pid = own
+    env = SearchQAEnv("search-r1", sources={"wiki": source})
+    env.reset(seed=0, options={"index": 0})
+    env.step(env.codec.encode("<search> zarbo </search>"))
+    assert "hit 1 for zarbo" in env.response_text and env.trajectory.tool_calls[0].error is None
+    os.kill(pid, signal.SIGKILL)
+    env.step(env.codec.encode("<search> vessa </search>"))
+    assert env.trajectory.counters["source_errors"] == 1 and source.failed_searches == 1
+    assert env.trajectory.tool_calls[1].error.startswith("SourceError: source 'wiki': ")
+    assert "hit 1 for vessa" not in env.response_text
+
+
 def test_a_hung_server_is_a_timeout_after_timeout_s(own: tuple[MCPSource, int]) -> None:
     own, pid = own
     os.kill(pid, signal.SIGSTOP)
