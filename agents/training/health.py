@@ -145,5 +145,5 @@ class NoSearchWarning:
         if self.in_a_row >= self.steps:
             self.said = True
             self.say(f"warning: step {step}: no episode searched in {self.in_a_row} steps in a row (rollout/zero_search_frac "
-                     f"1.0): the policy answers without ever writing {self.call_tag}, which the {self.protocol} protocol "
-                     f"expects, so RL cannot teach it to search (warm start it, or check its prompt and stop strings)")
+                     f"1.0): the policy answers without ever opening a search call ({self.call_tag}), which the {self.protocol} "
+                     f"protocol expects, so RL cannot teach it to search (warm start it, or check its prompt and stop strings)")

@@ -200,7 +200,7 @@ def test_a_run_that_never_searches_is_logged_and_warned_once(tmp_path, capsys):
     warned = warnings_in(capsys.readouterr().err)  # at the third step without a search, and not again
     assert len(warned) == 1, warned
     assert warned[0].startswith("warning: step 3: no episode searched in 3 steps in a row (rollout/zero_search_frac 1.0): "
-                                "the policy answers without ever writing <search>, which the search-r1 protocol expects")
+                                "the policy answers without ever opening a search call (<search>), which the search-r1 protocol expects")
 
 
 def test_a_run_that_searches_has_no_zero_search_share_and_no_warning(tmp_path, capsys):
