@@ -1,6 +1,6 @@
 """verl's tool class in verl's own virtualenv (``.ci/verl_venv.sh``, built on first use): verl builds it
 from a tool config, and driven as verl's agent loop drives it, it answers a scripted episode's calls with
-``gym.make("SearchQA-v0")``'s observations (query and NL-DAG protocols).
+``gym.make("SearchQA-v0")``'s observations (query, NL-DAG and native tool-call protocols).
 
 The checks run in verl_tool_check.py under the venv's Python, with this work tree first on its path."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.integrations, pytest.mark.slow, pytest.mark.timeout(2400)]
 
-PROTOCOLS = ("search-r1", "r1-searcher", "reasoning-search")
+PROTOCOLS = ("search-r1", "r1-searcher", "reasoning-search", "tool-calls")
 
 
 @pytest.fixture(scope="module")
