@@ -1,6 +1,7 @@
 """Native tool calling, the ``tool-calls`` protocol: search calls written the way chat models call tools.
 
-Every source of the environment is one search tool, named as the source, taking ``{"query": string}``.
+Every source of the environment is one search tool, named as the source and described by its
+``description`` where it has one (:func:`describe_source`), taking ``{"query": string}``.
 The agent writes one or more calls in its model family's format (the call format, :data:`CALL_FORMATS`)
 and ends its turn with its end-of-sequence token (``<|im_end|>`` for a ChatML model); the environment
 then reads every call of the turn, runs them as parallel searches (one plan of independent nodes, so
@@ -305,10 +306,13 @@ class ToolCalling:
 
 
 def describe_source(name: str, source: Any) -> str:
-    """What a tool searches: the source's own ``description`` when it has one, else a known name's."""
-    described = getattr(source, "description", None)
-    if isinstance(described, str) and described.strip():
-        return described.strip()
+    """What a tool searches: the source's own ``description`` when it has one (looked for through the
+    cache and time-limit wrappers, which keep the source they wrap as ``source``), else a known name's."""
+    for _ in range(4):
+        described = getattr(source, "description", None)
+        if isinstance(described, str) and described.strip():
+            return described.strip()
+        source = getattr(source, "source", None)
     return _KNOWN_SOURCES.get(name.lower(), f"the {name} collection")
 
 

@@ -74,6 +74,14 @@ def test_the_llama3_fallback_prompt_asks_for_json_calls_with_parameters() -> Non
                       f"calls go one per line.\n\n{WIKI_SCHEMA}\n{NEWS_SCHEMA}\n\nQuestion: Who founded the city?\n")
 
 
+def test_a_source_that_describes_itself_is_offered_with_its_description_behind_a_cache() -> None:
+    wiki = CountingSource("wiki")
+    wiki.description = "the company's handbook"
+    env = make_env(sources={"wiki": wiki, "papers": CountingSource("papers"), "kb": CountingSource("kb")}, cache_size=4)
+    assert env.protocol.tool_calling.tools == (("wiki", "the company's handbook"), ("papers", "research papers"),
+                                               ("kb", "the kb collection"))
+
+
 def test_calls_of_one_turn_run_together_and_come_back_in_one_tool_turn_in_call_order() -> None:
     env = make_env()
     env.reset(seed=0)
