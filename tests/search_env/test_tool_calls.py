@@ -98,6 +98,16 @@ def test_calls_of_one_turn_run_together_and_come_back_in_one_tool_turn_in_call_o
     assert terminated and reward == 1.0 and traj.end_reason == "answer"
 
 
+def test_each_response_is_cut_to_the_result_token_cap() -> None:
+    env = make_env(max_result_tokens=4)
+    env.reset(seed=0)
+    text, _, _ = play_turn(env, hermes("wiki", {"query": "who"}) + hermes("news", {"query": "city"}))
+    bodies = [part.split("\n</tool_response>")[0] for part in text.split("<tool_response>\n")[1:]]
+    assert len(bodies) == 2
+    for body, query in zip(bodies, ("who", "city")):
+        assert docs(query).startswith(body) and len(env.codec.encode(body)) == 4
+
+
 class MeetingSource(Source):
     """Answers only once every source of the test is searching at the same time (a barrier they all wait at)."""
 
