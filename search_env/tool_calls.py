@@ -328,16 +328,21 @@ def template_turn(render: Callable[..., str], messages: list[dict[str, Any]], eo
     what the conversation gains when two tool messages follow an assistant turn with two calls, ending
     in the next assistant turn's opening, preceded by what the template writes after the
     end-of-sequence text ``eos_text`` that closes the assistant's turn (ChatML's newline after
-    ``<|im_end|>``): the agent's own end-of-sequence token stands for that text up to its end."""
+    ``<|im_end|>``): the agent's own end-of-sequence token stands for that text up to its end. A template
+    that takes one call per turn (Llama 3.1's) is asked with one call."""
     tool = calling.default_tool
-    calls = [{"type": "function", "function": {"name": tool, "arguments": {"query": q}}} for q in ("a", "b")]
-    said = [*messages, {"role": "assistant", "content": _SENTINEL, "tool_calls": calls}]
-    answered = said + [{"role": "tool", "name": tool, "content": mark} for mark in _MARKS]
     tools = calling.schemas() if calling.native_prompt else None
-    try:
-        before = render(said, tools=tools, add_generation_prompt=False)
-        after = render(answered, tools=tools, add_generation_prompt=True)
-    except Exception:  # noqa: BLE001 - a template that cannot render this conversation falls back
+    for queries in (("a", "b"), ("a",)):
+        calls = [{"type": "function", "function": {"name": tool, "arguments": {"query": q}}} for q in queries]
+        said = [*messages, {"role": "assistant", "content": _SENTINEL, "tool_calls": calls}]
+        answered = said + [{"role": "tool", "name": tool, "content": mark} for mark in _MARKS]
+        try:
+            before = render(said, tools=tools, add_generation_prompt=False)
+            after = render(answered, tools=tools, add_generation_prompt=True)
+            break
+        except Exception:  # noqa: BLE001 - a template that cannot render this conversation falls back
+            continue
+    else:
         return None
     if not after.startswith(before) or _SENTINEL not in before or not eos_text:
         return None

@@ -213,3 +213,29 @@ def test_the_protocol_stops_generation_only_at_the_answer_and_knows_its_call_for
     assert get_protocol("tool-calls").reward == get_protocol("tool-calls-llama3").reward == "search-r1"
     with pytest.raises(ValueError, match="unknown call_format 'mistral'; choose one of hermes, llama3"):
         ToolCalling(call_format="mistral")
+
+
+def test_a_template_that_takes_one_call_per_turn_still_gives_its_tool_turn() -> None:
+    jinja2 = pytest.importorskip("jinja2")
+    from search_env.tool_calls import template_turn
+
+    def refuse(message):
+        raise ValueError(message)
+
+    environment = jinja2.Environment()
+    environment.globals["raise_exception"] = refuse
+    template = environment.from_string(  # Llama 3.1's layout, which refuses two calls in one turn
+        "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+        "{% if m.tool_calls | length != 1 %}{{ raise_exception('single tool-calls only') }}{% endif %}"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+        "{% elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+        "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+    def render(messages, tools=None, add_generation_prompt=True):
+        return template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    turn = template_turn(render, [{"role": "user", "content": "Q"}], "<|eot_id|>", ToolCalling(call_format="llama3"))
+    ipython = "<|start_header_id|>ipython<|end_header_id|>\n\n"
+    assert turn == (ipython, "<|eot_id|>" + ipython, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert template_turn(render, [{"role": "user", "content": "Q"}], "</s>", ToolCalling()) is None  # not its EOS
