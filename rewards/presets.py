@@ -1,5 +1,6 @@
 """The built-in reward presets: one function per seed system's reward, scoring exactly as its
-reference code does (see PROTOCOLS.md). Weights default to the papers' values and are keyword options.
+reference code does (see PROTOCOLS.md), the F1 twin of Search-R1's EM, and the tool-calls protocols'
+format reward (:mod:`rewards.tool_calls`). Weights default to the papers' values and are keyword options.
 
 Every preset is called as ``fn(response, golden_answers, *, question, ended_with_eos,
 evidence_model, judge, **options)`` where ``response`` is the agent's text after the prompt (what the
@@ -35,6 +36,7 @@ from .formats import (
 )
 from .metrics import cover_exact_match, exact_match, f1_score, normalize_squad
 from .result import RewardResult
+from .tool_calls import tool_calls_format, tool_calls_llama3_format
 
 __all__ = [
     "EVIDENCE_PROMPT",
@@ -43,6 +45,7 @@ __all__ = [
     "BUILTIN_PRESETS",
     "BUILTIN_RANGES",
     "search_r1",
+    "search_r1_f1",
     "search_r1_format",
     "r1_searcher",
     "r1_searcher_stage1",
@@ -92,6 +95,25 @@ def search_r1(
     answer = answer.strip()
     em = exact_match(answer, golden_answers)
     return RewardResult(em, {"answer": answer, "em": em})
+
+
+def search_r1_f1(
+    response: str,
+    golden_answers: list[str],
+    *,
+    question: str | None = None,
+    ended_with_eos: bool = True,
+    evidence_model: EvidenceModel | None = None,
+    judge: Judge | None = None,
+) -> RewardResult:
+    """Token F1 (SQuAD normalisation, yes/no rule) of the last ``<answer>`` content; 0 without one. The
+    partial-credit twin of ``search-r1``, for any protocol whose answer is an ``<answer>`` span."""
+    answer = last_tag_content(response, "<answer>", "</answer>")
+    if answer is None:
+        return RewardResult(0.0, {"answer": None, "f1": 0.0})
+    answer = answer.strip()
+    f1 = f1_score(answer, golden_answers)
+    return RewardResult(f1, {"answer": answer, "f1": f1})
 
 
 def _information_holds_gold(response: str, golden_answers: list[str]) -> bool:
@@ -411,7 +433,10 @@ def reasoning_search(
 
 BUILTIN_PRESETS: dict[str, Callable[..., RewardResult]] = {
     "search-r1": search_r1,
+    "search-r1-f1": search_r1_f1,
     "search-r1-format": search_r1_format,
+    "tool-calls-format": tool_calls_format,
+    "tool-calls-llama3-format": tool_calls_llama3_format,
     "r1-searcher": r1_searcher,
     "r1-searcher-stage1": r1_searcher_stage1,
     "r1-searcher-stage2": r1_searcher_stage2,
@@ -423,7 +448,10 @@ BUILTIN_PRESETS: dict[str, Callable[..., RewardResult]] = {
 
 BUILTIN_RANGES: dict[str, tuple[float, float]] = {
     "search-r1": (0.0, 1.0),  # EM
+    "search-r1-f1": (0.0, 1.0),  # F1
     "search-r1-format": (0.1, 1.0),  # wrong & invalid 0.1 ... correct & valid 1.0
+    "tool-calls-format": (0.1, 1.0),  # as search-r1-format
+    "tool-calls-llama3-format": (0.1, 1.0),
     "r1-searcher": (-2.0, 1.0),  # F1 + (-2 on any format violation)
     "r1-searcher-stage1": (-1.0, 2.0),  # ±1 answer + 0.5 retrieval + 0.5 format
     "r1-searcher-stage2": (-1.0, 1.0),  # F1 + (-1 on a violation)

@@ -13,7 +13,10 @@ PLAN = "<search>Nodes:\nA: capital of France (General)\nEdges:\n</search>"
 # preset -> (worst response, best response); the model parts answer the gold
 CASES = {
     "search-r1": ("", "<answer> Paris </answer>"),
+    "search-r1-f1": ("", "<answer> Paris </answer>"),
     "search-r1-format": ("", "<think> x </think><answer> Paris </answer>"),
+    "tool-calls-format": ("", '<tool_call>\n{"name": "wiki", "arguments": {"query": "capital"}}\n</tool_call><answer> Paris </answer>'),
+    "tool-calls-llama3-format": ("", '{"name": "wiki", "parameters": {"query": "capital"}}<answer> Paris </answer>'),
     "r1-searcher": ("", " x </think><answer> Paris </answer>"),
     "r1-searcher-stage1": ("", DOCS + "</think><answer> Paris </answer>"),
     "r1-searcher-stage2": ("", " x </think><answer> Paris </answer>"),

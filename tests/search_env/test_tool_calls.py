@@ -239,3 +239,18 @@ def test_a_template_that_takes_one_call_per_turn_still_gives_its_tool_turn() -> 
     ipython = "<|start_header_id|>ipython<|end_header_id|>\n\n"
     assert turn == (ipython, "<|eot_id|>" + ipython, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
     assert template_turn(render, [{"role": "user", "content": "Q"}], "</s>", ToolCalling()) is None  # not its EOS
+
+
+@pytest.mark.parametrize(("turn", "message", "counter"), [case for case in BAD_CALLS if "unknown tool" not in case[1]])
+def test_every_call_the_environment_answers_with_an_error_costs_the_format_reward(turn: str, message: str, counter: str) -> None:
+    env = make_env(reward="tool-calls-format")
+    env.reset(seed=0)
+    play_turn(env, hermes("wiki", {"query": "who"}))
+    play_turn(env, turn)
+    _, (reward, terminated, _, info), _ = play_turn(env, "<answer> Bob Smith </answer>", eos=False)
+    assert terminated and reward == pytest.approx(0.8) and not info["reward_components"]["format_valid"]
+
+    env.reset(seed=0)
+    play_turn(env, hermes("wiki", {"query": "who"}) + hermes("news", {"query": "city"}))
+    _, (reward, _, _, info), _ = play_turn(env, "<answer> Bob Smith </answer>", eos=False)
+    assert reward == 1.0 and info["reward_components"]["format_error"] is None
