@@ -1,6 +1,6 @@
 """Learning through TRL: TRL's GRPOTrainer (the public adapter) and our trainer, from one warm start, on the demo's 2-hop task.
 
-    python -m benchmarks.trl_learning [--steps 40] [--eval-every 5] [--output-dir runs/trl_learning] [--set GROUP.FIELD=VALUE ...]
+    python -m benchmarks.trl_learning [--steps 40] [--eval-every 5] [--seeds 0 1 2] [--output-dir runs/trl_learning] [--set GROUP.FIELD=VALUE ...]
     python -m benchmarks.trl_learning --quick     # a few steps of everything, a tiny warm start (minutes)
 
 Both trainers start from the very same weights: the demo recipe's (``agents/configs/demo.yaml``) supervised
@@ -16,17 +16,18 @@ model folder), so a second run skips it. From there, with the demo's world, prot
 - **ours**: :class:`agents.training.trainer.Trainer` (what ``python -m agents.train`` runs) with the demo
   recipe, ``model.name`` the folder and no warm start of its own.
 
-Both take the same training questions in the same order (the trainer's question order, which TRL's
-dataset follows unshuffled; the results record whether each step's questions matched), the same
-questions x group size per step and the same number of steps; seeds: ``run.seed`` for our sampling and
-``GRPOConfig.seed`` for TRL's, both ``--seed``, the recipe's world seeds. Held-out greedy EM on 1-hop and
+Per seed of ``--seeds`` (``run.seed`` for ours, ``GRPOConfig.seed`` for TRL: sampling and the question order;
+the warm start's is ``--warm-start-seed``, the worlds' the recipe's), both take the same training questions in
+the same order (the trainer's question order, which TRL's dataset follows unshuffled; the results record
+whether each step's questions matched), the same questions x group size per step and the same number of steps. Held-out greedy EM on 1-hop and
 2-hop questions of the demo's held-out world (``data.eval_world_seed`` 11, new words) is measured the same
 way for both, by the trainer's own evaluation (``eval.by_hops``): before RL, every ``--eval-every`` steps
 and at the end; TRL's weights are copied into a second, never-trained trainer for it.
 
-Writes ``results.json`` (settings, the warm start, per trainer every step's reward, loss and grad norm and
-the curve), ``results.md`` and ``.csv`` (the table) and ``results.png`` (held-out 2-hop and 1-hop EM and the
-training reward against the step, both trainers). Measured results are in ``benchmarks/RESULTS.md``.
+Writes ``results.json`` (settings, the warm start, per seed and trainer every step's reward, loss and grad
+norm and the curve), ``results.md`` and ``.csv`` (the table: a row per trainer and seed, and with several
+seeds each trainer's median) and ``results.png`` (held-out 2-hop and 1-hop EM, the median over seeds, and
+the training reward against the step, both trainers). Measured results are in ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
 
@@ -236,9 +237,18 @@ def _trl_side(config: TrainConfig, data: Any, output_dir: Path) -> SideRun:
 # -- the run ----------------------------------------------------------------------------------------------
 
 
+def _seed_run(config: TrainConfig, data: Any, output_dir: Path) -> dict[str, Any]:
+    """Both trainers at ``config``'s seed: ours, then TRL's, and whether their steps' questions matched."""
+    sides = {"ours": run_ours(config.updated({"run.output_dir": str(output_dir / "ours")}), data)}
+    sides["TRL"] = _trl_side(config, data, output_dir / "trl")
+    same = [s["questions"] for s in sides["TRL"].steps] == [s["questions"] for s in sides["ours"].steps]
+    return {"seed": config.run.seed, "same_questions": same, "trainers": {name: asdict(sides[name]) for name in SIDES}}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """The warm start (cached), then both trainers from it; returns what ``results.json`` holds."""
+    """The warm start (cached), then both trainers from it at each seed; returns what ``results.json`` holds."""
     import torch
+    import trl
 
     from agents.training.data import build_data
     from benchmarks.common.warm_start_cache import cached_warm_start
@@ -247,31 +257,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = demo_config([*(f"{k}={v}" for k, v in QUICK.items() if args.quick), *args.set])
     out: Path = args.output_dir
     started = time.perf_counter()
-    warm = cached_warm_start(base.updated({"run.seed": args.seed}), out / "warm_start", log=lambda line: print(line, flush=True))
+    warm = cached_warm_start(base.updated({"run.seed": args.warm_start_seed}), out / "warm_start",
+                             log=lambda line: print(line, flush=True))
     print(f"warm start {'reused' if warm.reused else 'made'}: {warm.policy_dir} ({warm.seconds / 60:.1f} min when made, "
           f"loss {warm.stats.get('warm_start/loss_last', float('nan')):.3f})", flush=True)
-    config = rl_config(base, warm.policy_dir, out / "ours", steps=args.steps, eval_every=args.eval_every, seed=args.seed)
+    config = rl_config(base, warm.policy_dir, out, steps=args.steps, eval_every=args.eval_every, seed=args.seeds[0])
     torch.set_num_threads(config.run.num_threads)
-    data = build_data(config)
+    data = build_data(config)  # the worlds and their indexes: the same for every seed
     try:
-        sides = {"ours": run_ours(config, data)}
-        sides["TRL"] = _trl_side(config, data, out / "trl")
+        runs = [_seed_run(config.updated({"run.seed": seed}), data, out / f"seed{seed}") for seed in args.seeds]
     finally:
         data.close()
-    trl_q = [s["questions"] for s in sides["TRL"].steps]
-    our_q = [s["questions"] for s in sides["ours"].steps]
-    import trl
-
     return {
-        "settings": {"steps": args.steps, "eval_every": args.eval_every, "seed": args.seed, "quick": args.quick, "set": args.set,
-                     "questions_per_step": config.rollout.questions_per_step, "group_size": config.algorithm.group_size,
-                     "heldout_questions_per_hop": config.eval.questions, "world_seed": config.data.world_seed,
-                     "eval_world_seed": config.data.eval_world_seed, "protocol": config.env.protocol, "trl": trl.__version__},
+        "settings": {"steps": args.steps, "eval_every": args.eval_every, "seeds": args.seeds, "warm_start_seed": args.warm_start_seed,
+                     "quick": args.quick, "set": args.set, "questions_per_step": config.rollout.questions_per_step,
+                     "group_size": config.algorithm.group_size, "heldout_questions_per_hop": config.eval.questions,
+                     "world_seed": config.data.world_seed, "eval_world_seed": config.data.eval_world_seed,
+                     "protocol": config.env.protocol, "trl": trl.__version__},
         "config": config.as_dict(),
         "warm_start": {**asdict(warm), "policy_dir": str(warm.policy_dir)},
-        "same_questions": trl_q == our_q,
+        "same_questions": all(r["same_questions"] for r in runs),
         "wall_minutes": (time.perf_counter() - started) / 60,
-        "trainers": {name: asdict(sides[name]) for name in SIDES},
+        "runs": runs,
     }
 
 
@@ -280,23 +287,42 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+#: The table's numeric columns, of which a run of several seeds adds each trainer's median.
+COLUMNS = ("em_1hop_before", "em_2hop_before", "em_1hop_after", "em_2hop_after", "em_2hop_best", "reward_first5",
+           "reward_last5", "rl_minutes", "s_per_step")
+
+
 def summary_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per trainer: held-out greedy EM before RL and at the end (1-hop, 2-hop), the best 2-hop EM of the
-    curve, the training reward of the first and last five steps, and minutes and seconds per RL step."""
+    """One row per trainer and seed: held-out greedy EM before RL and at the end (1-hop, 2-hop), the best 2-hop EM of
+    the curve, the training reward of the first and last five steps, and minutes and seconds per RL step; with
+    several seeds, then each trainer's median over them (``seed`` "median")."""
+    settings = results["settings"]
     rows = []
     for name in SIDES:
-        side = results["trainers"][name]
-        curve, steps = side["curve"], side["steps"]
-        rows.append({
-            "trainer": name, "steps": len(steps),
-            "episodes_per_step": results["settings"]["questions_per_step"] * results["settings"]["group_size"],
-            "em_1hop_before": curve[0]["em_1hop"], "em_2hop_before": curve[0]["em_2hop"],
-            "em_1hop_after": curve[-1]["em_1hop"], "em_2hop_after": curve[-1]["em_2hop"],
-            "em_2hop_best": max(p["em_2hop"] for p in curve),
-            "reward_first5": _mean([s.get("reward") for s in steps[:5]]), "reward_last5": _mean([s.get("reward") for s in steps[-5:]]),
-            "rl_minutes": side["minutes"], "s_per_step": statistics.median(s["seconds"] for s in steps) if steps else None,
-        })
+        for seed_run in results["runs"]:
+            side = seed_run["trainers"][name]
+            curve, steps = side["curve"], side["steps"]
+            rows.append({
+                "trainer": name, "seed": seed_run["seed"], "steps": len(steps),
+                "episodes_per_step": settings["questions_per_step"] * settings["group_size"],
+                "em_1hop_before": curve[0]["em_1hop"], "em_2hop_before": curve[0]["em_2hop"],
+                "em_1hop_after": curve[-1]["em_1hop"], "em_2hop_after": curve[-1]["em_2hop"],
+                "em_2hop_best": max(p["em_2hop"] for p in curve),
+                "reward_first5": _mean([s.get("reward") for s in steps[:5]]),
+                "reward_last5": _mean([s.get("reward") for s in steps[-5:]]),
+                "rl_minutes": side["minutes"], "s_per_step": statistics.median(s["seconds"] for s in steps) if steps else None,
+            })
+        if len(results["runs"]) > 1:
+            own = [row for row in rows if row["trainer"] == name]
+            rows.append({"trainer": name, "seed": "median", "steps": own[0]["steps"], "episodes_per_step": own[0]["episodes_per_step"],
+                         **{key: statistics.median(row[key] for row in own if row[key] is not None) for key in COLUMNS}})
     return rows
+
+
+def _median_curve(curves: Sequence[Sequence[Mapping[str, Any]]], key: str) -> tuple[list[int], list[float]]:
+    """The steps every curve evaluated at, and the median of ``key`` over the curves there."""
+    steps = sorted(set.intersection(*({p["step"] for p in curve} for curve in curves)))
+    return steps, [statistics.median(next(p[key] for p in curve if p["step"] == step) for curve in curves) for step in steps]
 
 
 def _plot(results: Mapping[str, Any]) -> Any:
@@ -304,28 +330,40 @@ def _plot(results: Mapping[str, Any]) -> Any:
         figure.set_size_inches(10.5, 4.0)
         em, reward = figure.subplots(1, 2)
         colors = {"TRL": "tab:orange", "ours": "tab:blue"}
+        several = len(results["runs"]) > 1
         for name in SIDES:
-            side = results["trainers"][name]
+            sides = [seed_run["trainers"][name] for seed_run in results["runs"]]
             label = "TRL GRPOTrainer (adapter)" if name == "TRL" else "ours (agents.train)"
-            steps = [p["step"] for p in side["curve"]]
-            em.plot(steps, [p["em_2hop"] for p in side["curve"]], "o-", color=colors[name], label=f"{label}: 2-hop")
-            em.plot(steps, [p["em_1hop"] for p in side["curve"]], "s--", color=colors[name], alpha=0.6, ms=3, label=f"{label}: 1-hop")
-            points = [(s["step"], s["reward"]) for s in side["steps"] if s.get("reward") is not None]
-            reward.plot([p[0] for p in points], [p[1] for p in points], "-", color=colors[name], lw=0.7, alpha=0.5)
-            window = [statistics.fmean(r for _, r in points[max(0, i - 4):i + 1]) for i in range(len(points))]
-            reward.plot([p[0] for p in points], window, "-", color=colors[name], lw=2, label=f"{label}, mean of 5 steps")
+            label += ", median of seeds" if several else ""
+            curves = [side["curve"] for side in sides]
+            for curve in curves if several else ():
+                em.plot([p["step"] for p in curve], [p["em_2hop"] for p in curve], "-", color=colors[name], lw=0.7, alpha=0.4)
+            em.plot(*_median_curve(curves, "em_2hop"), "o-", color=colors[name], label=f"{label}: 2-hop")
+            em.plot(*_median_curve(curves, "em_1hop"), "s--", color=colors[name], alpha=0.6, ms=3, label=f"{label}: 1-hop")
+            by_step: dict[int, list[float]] = {}
+            for side in sides:
+                for step in side["steps"]:
+                    if step.get("reward") is not None:
+                        by_step.setdefault(step["step"], []).append(step["reward"])
+            steps = sorted(by_step)
+            rewards = [statistics.fmean(by_step[step]) for step in steps]
+            reward.plot(steps, rewards, "-", color=colors[name], lw=0.7, alpha=0.5)
+            window = [statistics.fmean(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
+            reward.plot(steps, window, "-", color=colors[name], lw=2,
+                        label=f"{label.replace('median', 'mean')}, mean of 5 steps")
         em.set_ylim(-0.02, 1.02)
         em.set_xlabel("RL step (0: the shared warm start)")
         em.set_ylabel("held-out greedy EM")
-        em.set_title("held-out world (new words)", fontsize=10)
+        em.set_title("held-out world (new words)" + ("; thin: each seed's 2-hop" if several else ""), fontsize=10)
         em.legend(fontsize=7)
         reward.set_xlabel("RL step")
         reward.set_ylabel("training reward (episode mean)")
         reward.set_title("training episodes", fontsize=10)
         reward.legend(fontsize=7)
         settings = results["settings"]
+        seeds = " ".join(map(str, settings["seeds"]))
         figure.suptitle(f"GRPO from one warm start: TRL {settings['trl']} vs ours, {settings['questions_per_step']} questions x "
-                        f"{settings['group_size']} per step, seed {settings['seed']}", fontsize=10)
+                        f"{settings['group_size']} per step, seed{'s' if several else ''} {seeds}", fontsize=10)
     return draw
 
 
@@ -335,7 +373,9 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"a few minutes: {QUICK_STEPS} steps, evaluated every step, " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     parser.add_argument("--steps", type=int, help="RL steps of each trainer (default: 40; --quick: 3)")
     parser.add_argument("--eval-every", type=int, help="held-out evaluation every this many steps (default: 5; --quick: 1)")
-    parser.add_argument("--seed", type=int, default=0, help="the warm start's and both trainers' seed (run.seed, GRPOConfig.seed)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="one run of both trainers per seed (run.seed, GRPOConfig.seed: sampling and question order)")
+    parser.add_argument("--warm-start-seed", type=int, default=0, help="the shared warm start's seed (its run.seed)")
     parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="GROUP.FIELD=VALUE",
                         help="change the demo recipe (YAML values, after --quick's changes), e.g. --set optim.learning_rate=3e-4")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/trl_learning"),
@@ -370,8 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"same training questions at every step: {results['same_questions']}; {results['wall_minutes']:.1f} min in all")
     settings = results["settings"]
     body = (f"TRL {settings['trl']} GRPOTrainer (search_env.integrations.trl) and ours (agents.train), both from one warm start "
-            f"of the demo recipe{' (--quick)' if args.quick else ''}: {settings['steps']} steps of {settings['questions_per_step']} "
-            f"questions x {settings['group_size']}, seed {settings['seed']}, the same questions in the same order: "
+            f"of the demo recipe (seed {settings['warm_start_seed']}){' (--quick)' if args.quick else ''}: {settings['steps']} steps "
+            f"of {settings['questions_per_step']} questions x {settings['group_size']}, seeds {' '.join(map(str, settings['seeds']))}, "
+            f"each seed's trainers on the same questions in the same order: "
             f"{results['same_questions']}. Held-out greedy EM on {settings['heldout_questions_per_hop']} questions per hop "
             f"count of world {settings['eval_world_seed']} (new words), before RL and after.\n\n{table}")
     write_results(args.output_dir, "results", title="Learning through TRL's GRPOTrainer and through ours",

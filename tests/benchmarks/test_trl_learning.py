@@ -22,11 +22,13 @@ STEPS = 2
 def test_quick_trains_both_trainers_from_one_warm_start_and_reports_them(tmp_path, capsys):
     assert trl_learning.main(["--quick", "--steps", str(STEPS), "--output-dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
-    assert {"command", "date", "machine", "settings", "warm_start", "trainers", "summary", "same_questions"} <= set(results)
-    assert results["settings"]["steps"] == STEPS and results["settings"]["quick"]
+    assert {"command", "date", "machine", "settings", "warm_start", "runs", "summary", "same_questions"} <= set(results)
+    assert results["settings"]["steps"] == STEPS and results["settings"]["quick"] and results["settings"]["seeds"] == [0]
     assert results["same_questions"] is True  # both trained on the same questions, step by step
     per_step = results["settings"]["questions_per_step"]
-    trainers = results["trainers"]
+    (seed_run,) = results["runs"]
+    assert seed_run["seed"] == 0 and seed_run["same_questions"] is True
+    trainers = seed_run["trainers"]
     assert set(trainers) == {"TRL", "ours"}
     for name, side in trainers.items():
         assert [s["step"] for s in side["steps"]] == list(range(1, STEPS + 1)), name
@@ -43,9 +45,9 @@ def test_quick_trains_both_trainers_from_one_warm_start_and_reports_them(tmp_pat
     assert any(s["loss"] != 0 for s in trl_steps) and any(s["grad_norm"] > 0 for s in trl_steps)
     assert all(s["loss"] is not None and s["grad_norm"] is not None for side in trainers.values() for s in side["steps"])
     rows = {row["trainer"]: row for row in results["summary"]}
-    assert set(rows) == {"TRL", "ours"}
+    assert set(rows) == {"TRL", "ours"} and len(results["summary"]) == 2  # one seed: no median rows
     for row in rows.values():
-        assert row["steps"] == STEPS
+        assert row["steps"] == STEPS and row["seed"] == 0
         for key in ("em_1hop_before", "em_2hop_before", "em_1hop_after", "em_2hop_after", "em_2hop_best"):
             assert 0.0 <= row[key] <= 1.0
     table = (tmp_path / "results.md").read_text(encoding="utf-8")
@@ -53,3 +55,20 @@ def test_quick_trains_both_trainers_from_one_warm_start_and_reports_them(tmp_pat
     assert (tmp_path / "results.png").stat().st_size > 0
     assert not results["warm_start"]["reused"] and results["warm_start"]["policy_dir"].startswith(str(tmp_path / "warm_start"))
 
+
+
+def test_several_seeds_add_each_trainers_median_row():
+    def side(em_after, seconds):
+        return {"curve": [{"step": 0, "em_1hop": 1.0, "em_2hop": 0.0}, {"step": 5, "em_1hop": 0.9, "em_2hop": em_after}],
+                "steps": [{"step": i, "reward": 0.5, "seconds": seconds} for i in range(1, 6)], "minutes": seconds * 5 / 60}
+
+    settings = {"questions_per_step": 8, "group_size": 8}
+    runs = [{"seed": seed, "trainers": {"TRL": side(trl, 2.0 + seed), "ours": side(ours, 1.0)}}
+            for seed, trl, ours in ((0, 0.2, 0.9), (1, 0.6, 0.7), (2, 0.4, 0.8))]
+    rows = trl_learning.summary_rows({"settings": settings, "runs": runs})
+    assert [(row["trainer"], row["seed"]) for row in rows] == [
+        ("TRL", 0), ("TRL", 1), ("TRL", 2), ("TRL", "median"), ("ours", 0), ("ours", 1), ("ours", 2), ("ours", "median")]
+    medians = {row["trainer"]: row for row in rows if row["seed"] == "median"}
+    assert medians["TRL"]["em_2hop_after"] == 0.4 and medians["ours"]["em_2hop_after"] == 0.8
+    assert medians["TRL"]["s_per_step"] == 3.0 and medians["TRL"]["em_2hop_before"] == 0.0
+    assert rows[0]["episodes_per_step"] == 64 and rows[0]["em_2hop_best"] == 0.2
