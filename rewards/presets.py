@@ -36,7 +36,7 @@ from .formats import (
 )
 from .metrics import cover_exact_match, exact_match, f1_score, normalize_squad
 from .result import RewardResult
-from .tool_calls import tool_calls_format, tool_calls_llama3_format
+from .tool_calls import tool_calls_format, tool_calls_llama3_format, tool_calls_mistral_format
 
 __all__ = [
     "EVIDENCE_PROMPT",
@@ -437,6 +437,7 @@ BUILTIN_PRESETS: dict[str, Callable[..., RewardResult]] = {
     "search-r1-format": search_r1_format,
     "tool-calls-format": tool_calls_format,
     "tool-calls-llama3-format": tool_calls_llama3_format,
+    "tool-calls-mistral-format": tool_calls_mistral_format,
     "r1-searcher": r1_searcher,
     "r1-searcher-stage1": r1_searcher_stage1,
     "r1-searcher-stage2": r1_searcher_stage2,
@@ -452,6 +453,7 @@ BUILTIN_RANGES: dict[str, tuple[float, float]] = {
     "search-r1-format": (0.1, 1.0),  # wrong & invalid 0.1 ... correct & valid 1.0
     "tool-calls-format": (0.1, 1.0),  # as search-r1-format
     "tool-calls-llama3-format": (0.1, 1.0),
+    "tool-calls-mistral-format": (0.1, 1.0),
     "r1-searcher": (-2.0, 1.0),  # F1 + (-2 on any format violation)
     "r1-searcher-stage1": (-1.0, 2.0),  # ±1 answer + 0.5 retrieval + 0.5 format
     "r1-searcher-stage2": (-1.0, 1.0),  # F1 + (-1 on a violation)

@@ -8,7 +8,8 @@ depends on nothing else in the project), in the call format the protocol names:
 
 * ``hermes`` (``tool-calls``): each ``<tool_call> ... </tool_call>`` block holds one JSON call;
 * ``llama3`` (``tool-calls-llama3``): each call is a JSON object opening with ``{"name"``, standing
-  alone in the turn (a JSON list of such objects reads as its objects).
+  alone in the turn (a JSON list of such objects reads as its objects);
+* ``mistral`` (``tool-calls-mistral``): each ``[TOOL_CALLS]`` is followed by a JSON list of calls.
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from .extraction import last_tag_content
 from .metrics import exact_match
 from .result import RewardResult
 
-__all__ = ["TOOL_CALL_FORMATS", "tool_calls_format_error", "tool_calls_format", "tool_calls_llama3_format"]
+__all__ = ["TOOL_CALL_FORMATS", "tool_calls_format_error", "tool_calls_format", "tool_calls_llama3_format",
+           "tool_calls_mistral_format"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _LLAMA3_CALL = re.compile(r'\{\s*"name"\s*:')
+_MISTRAL_OPEN = "[TOOL_CALLS]"
 
 
 def _call_error(value: Any, tools: Collection[str] | None) -> str | None:
@@ -75,9 +78,27 @@ def _llama3_calls_error(response: str, tools: Collection[str] | None) -> str | N
     return None
 
 
+def _mistral_calls_error(response: str, tools: Collection[str] | None) -> str | None:
+    decoder, at = json.JSONDecoder(), response.find(_MISTRAL_OPEN)
+    while at != -1:
+        start = at + len(_MISTRAL_OPEN)
+        start += len(response[start:]) - len(response[start:].lstrip())
+        try:
+            value = decoder.raw_decode(response, start)[0]
+        except json.JSONDecodeError:
+            return "call_invalid"
+        calls = value if isinstance(value, list) else [value]
+        for error in [_call_error(call, tools) for call in calls] or ["call_invalid"]:
+            if error is not None:
+                return error
+        at = response.find(_MISTRAL_OPEN, start)
+    return None
+
+
 TOOL_CALL_FORMATS: dict[str, Callable[[str, Collection[str] | None], str | None]] = {
     "hermes": _hermes_calls_error,
     "llama3": _llama3_calls_error,
+    "mistral": _mistral_calls_error,
 }
 """Each call format's check of the calls in a response (the first broken rule, or None)."""
 
@@ -150,3 +171,21 @@ def tool_calls_llama3_format(
     """:func:`tool_calls_format` for Llama 3 JSON calls (the ``tool-calls-llama3`` protocol)."""
     return tool_calls_format(response, golden_answers, score=score, structure_format_score=structure_format_score,
                              final_format_score=final_format_score, call_format="llama3", tools=tools)
+
+
+def tool_calls_mistral_format(
+    response: str,
+    golden_answers: list[str],
+    *,
+    question: str | None = None,
+    ended_with_eos: bool = True,
+    evidence_model: Callable[[str, str], str] | None = None,
+    judge: Callable[[str, list, str], float] | None = None,
+    score: float = 1.0,
+    structure_format_score: float = 0.2,
+    final_format_score: float = 0.1,
+    tools: Collection[str] | None = None,
+) -> RewardResult:
+    """:func:`tool_calls_format` for Mistral's ``[TOOL_CALLS]`` lists (the ``tool-calls-mistral`` protocol)."""
+    return tool_calls_format(response, golden_answers, score=score, structure_format_score=structure_format_score,
+                             final_format_score=final_format_score, call_format="mistral", tools=tools)

@@ -433,14 +433,16 @@ _TOOL_CALLS_SYSTEM = (
 
 def tool_calls_protocol(call_format: str = "hermes", **changes: Any) -> Dialect:
     """The ``tool-calls`` protocol (:mod:`search_env.tool_calls`) with calls in ``call_format``
-    (``hermes``: ``tool-calls``; ``llama3``: ``tool-calls-llama3``), other fields changed by ``changes``.
-    Results, answer and reward are Search-R1's: ``Doc i(Title: ...)`` passages, the last
-    ``<answer>`` scored by EM. ``call_open``/``call_close`` are the format's call tags (``{``/``}`` for
-    ``llama3``, whose JSON calls stand alone): the environment reads calls with the call format, never by them."""
+    (``hermes``: ``tool-calls``; ``llama3``, ``mistral``: ``tool-calls-llama3``, ``tool-calls-mistral``), other
+    fields changed by ``changes``. Results, answer and reward are Search-R1's: ``Doc i(Title: ...)`` passages,
+    the last ``<answer>`` scored by EM. ``call_open``/``call_close`` are the format's call tags (``{``/``}`` for
+    ``llama3``'s lone JSON calls, ``]`` closing ``mistral``'s list): the environment reads calls with the call
+    format, never by them."""
     calling = ToolCalling(call_format=call_format)
     fields: dict[str, Any] = dict(
         name="tool-calls" if call_format == "hermes" else f"tool-calls-{call_format}", call_kind="tools",
-        tool_calling=calling, call_open=calling.format.call_open or "{", call_close=calling.format.call_close or "}",
+        tool_calling=calling, call_open=calling.format.call_open or "{",
+        call_close=calling.format.call_close or ("]" if calling.format.json_lists else "}"),
         result_open="<tool_response>", result_close="</tool_response>", system=_TOOL_CALLS_SYSTEM,
         user_template="Question: {question}\n", question_rule=_search_r1_question, empty_results_text="No results.",
         format_docs=lambda ps: "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(ps, 1)),
@@ -460,7 +462,7 @@ SEED_PROTOCOLS: tuple[str, ...] = tuple(_REGISTRY)
 """The five seed systems' protocols (registered at import; :func:`available_protocols` also lists the
 derived dialects and any protocol registered since, e.g. by a plug-in)."""
 
-for _derived in (SEARCH_R1_COMPACT, TOOL_CALLS, tool_calls_protocol("llama3")):
+for _derived in (SEARCH_R1_COMPACT, TOOL_CALLS, tool_calls_protocol("llama3"), tool_calls_protocol("mistral")):
     _REGISTRY.add(_derived.name, _derived)
 del _derived
 

@@ -15,7 +15,10 @@ Call formats:
   ``<tool_call>\\n{"name": "wiki", "arguments": {"query": "..."}}\\n</tool_call>``;
 * ``llama3`` (Llama 3.1 to 3.3 JSON calls): the turn's text after its reasoning (after its last
   ``</think>``; a leading ``<|python_tag|>`` is skipped) is one or more JSON objects
-  ``{"name": "wiki", "parameters": {"query": "..."}}`` (one after another, or in a JSON list).
+  ``{"name": "wiki", "parameters": {"query": "..."}}`` (one after another, or in a JSON list);
+* ``mistral`` (Mistral's ``[TOOL_CALLS]``, as Mistral-7B-Instruct-v0.3 writes it): ``[TOOL_CALLS]``, then
+  the turn's calls as one JSON list ``[{"name": "wiki", "arguments": {"query": "..."}}, ...]`` (an ``id``
+  beside ``name`` is allowed; several ``[TOOL_CALLS]`` in a turn add their calls).
 
 Either format accepts ``arguments`` or ``parameters``, and arguments given as a JSON string.
 
@@ -23,12 +26,13 @@ Prompt: where the tokenizer's chat template renders tools (``apply_chat_template
 changes the text), the template lists them, in transformers' JSON-schema tool format
 (:meth:`ToolCalling.schemas`). Otherwise (no chat template, as the built-in tokenizer; a template that
 ignores ``tools``) the system message ends with the fallback listing, :meth:`ToolCalling.listing`:
-the call format's instructions around one JSON schema per line (for ``hermes``, Qwen2.5's own text).
+the call format's instructions around one JSON schema per line (for ``hermes``, Qwen2.5's own text), or
+for ``mistral`` a JSON list of them in Mistral's ``[AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS]``.
 
 Tool turn: with a chat template, the template's own rendering of tool messages (:func:`template_turn`:
 the text a conversation gains when tool messages follow the assistant's turn, plus what the template
 writes after the end-of-sequence token that closed that turn). Without one (or where the template
-cannot render tool messages after an assistant turn) the fallback :data:`FALLBACK_TURN`:
+cannot render tool messages after an assistant turn, as Mistral's, which asks for call ids) the fallback :data:`FALLBACK_TURN`:
 ``\\n<tool_response>\\n{result}\\n</tool_response>\\n`` per call. The whole turn is encoded once.
 
 Bad calls never raise: broken JSON, an unknown tool, arguments of the wrong type, an empty query, a
@@ -144,6 +148,8 @@ class CallFormat:
         find: where a turn's calls begin (their character offset), or None when it holds no call.
         read: the calls of a turn that holds some.
         instructions: the fallback listing's text; ``{schemas}`` is filled in, one JSON schema a line.
+        json_lists: the family writes a turn's calls, and the listing its schemas, as one JSON list after
+            ``call_open`` (Mistral's), not one call a line.
     """
 
     name: str
@@ -153,10 +159,13 @@ class CallFormat:
     find: Callable[[str], int | None]
     read: Callable[[str], list[ParsedCall]]
     instructions: str
+    json_lists: bool = False
 
     def write(self, calls: Sequence[tuple[str, str]]) -> str:
-        """The text of ``calls`` ((tool, query) pairs) as the family writes them, one a line."""
+        """The text of ``calls`` ((tool, query) pairs) as the family writes them, one a line (or one list)."""
         lines = [json.dumps({"name": tool, self.arguments_key: {"query": query}}, ensure_ascii=False) for tool, query in calls]
+        if self.json_lists:
+            return f"{self.call_open} [{', '.join(lines)}]"
         if not self.call_open:
             return "\n".join(lines)
         return "\n".join(f"{self.call_open}\n{line}\n{self.call_close}" for line in lines)
@@ -199,7 +208,12 @@ def _llama3_find(turn: str) -> int | None:
 
 
 def _llama3_read(turn: str) -> list[ParsedCall]:
-    region = _llama3_region(turn)[1]
+    return _read_json_calls(_llama3_region(turn)[1])
+
+
+def _read_json_calls(region: str) -> list[ParsedCall]:
+    """The calls of ``region``: JSON objects one after another (``;`` or ``,`` between them allowed) or in
+    JSON lists; what does not decode is one last bad call (cut off where the JSON never closed)."""
     decoder, pos, calls = json.JSONDecoder(), 0, []
     while pos < len(region):
         try:
@@ -217,6 +231,22 @@ def _llama3_read(turn: str) -> list[ParsedCall]:
     return calls
 
 
+_MISTRAL_OPEN = "[TOOL_CALLS]"
+
+
+def _mistral_find(turn: str) -> int | None:
+    at = turn.find(_MISTRAL_OPEN)
+    return None if at == -1 else at
+
+
+def _mistral_read(turn: str) -> list[ParsedCall]:
+    calls = []
+    for region in turn.split(_MISTRAL_OPEN)[1:]:
+        found = _read_json_calls(region.strip())
+        calls.extend(found or [_bad(f"no call follows {_MISTRAL_OPEN}")])
+    return calls
+
+
 _HERMES_INSTRUCTIONS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
     "function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\nFor each function "
@@ -230,9 +260,16 @@ _LLAMA3_INSTRUCTIONS = (
     "dictionary of argument name and its value}}. Do not use variables. Several calls go one per line.\n\n{schemas}"
 )
 
+_MISTRAL_INSTRUCTIONS = (
+    "[AVAILABLE_TOOLS] [{schemas}][/AVAILABLE_TOOLS]\n\nTo call functions, write [TOOL_CALLS] followed by a JSON "
+    'list of the calls:\n[TOOL_CALLS] [{{"name": <function-name>, "arguments": <args-json-object>}}]'
+)
+
 CALL_FORMATS: dict[str, CallFormat] = {
     "hermes": CallFormat("hermes", "<tool_call>", "</tool_call>", "arguments", _hermes_find, _hermes_read, _HERMES_INSTRUCTIONS),
     "llama3": CallFormat("llama3", "", "", "parameters", _llama3_find, _llama3_read, _LLAMA3_INSTRUCTIONS),
+    "mistral": CallFormat("mistral", _MISTRAL_OPEN, "", "arguments", _mistral_find, _mistral_read, _MISTRAL_INSTRUCTIONS,
+                          json_lists=True),
 }
 """The call formats by name (what ``call_format=`` takes)."""
 
@@ -284,7 +321,8 @@ class ToolCalling:
 
     def listing(self) -> str:
         """The fallback tool listing for the system message: the format's instructions around the schemas."""
-        schemas = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in self.schemas())
+        between = ", " if self.format.json_lists else "\n"
+        schemas = between.join(json.dumps(schema, ensure_ascii=False) for schema in self.schemas())
         return self.format.instructions.format(schemas=schemas)
 
     def find(self, turn: str) -> int | None:

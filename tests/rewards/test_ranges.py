@@ -17,6 +17,7 @@ CASES = {
     "search-r1-format": ("", "<think> x </think><answer> Paris </answer>"),
     "tool-calls-format": ("", '<tool_call>\n{"name": "wiki", "arguments": {"query": "capital"}}\n</tool_call><answer> Paris </answer>'),
     "tool-calls-llama3-format": ("", '{"name": "wiki", "parameters": {"query": "capital"}}<answer> Paris </answer>'),
+    "tool-calls-mistral-format": ("", '[TOOL_CALLS] [{"name": "wiki", "arguments": {"query": "capital"}}]<answer> Paris </answer>'),
     "r1-searcher": ("", " x </think><answer> Paris </answer>"),
     "r1-searcher-stage1": ("", DOCS + "</think><answer> Paris </answer>"),
     "r1-searcher-stage2": ("", " x </think><answer> Paris </answer>"),

@@ -81,9 +81,20 @@ def test_llama3_calls_are_read_as_json_objects() -> None:
     assert rewards.score("tool-calls-format", broken, GOLD).total == 1.0
 
 
+def test_mistral_calls_are_read_as_the_json_list_after_each_tool_calls_marker() -> None:
+    good = episode('[TOOL_CALLS] [{"name": "wiki", "arguments": {"query": "who"}, "id": "abcdefghi"}, '
+                   '{"name": "news", "arguments": {"query": "city"}}]', '[TOOL_CALLS][{"name": "wiki", "arguments": {"query": "a"}}]')
+    assert rewards.score("tool-calls-mistral-format", good, GOLD).total == 1.0
+    for turn, error in [('[TOOL_CALLS] [{"name": "wiki", "arguments": oops}]', "call_invalid"),
+                        ("[TOOL_CALLS] []", "call_invalid"), ("[TOOL_CALLS]", "call_invalid"),
+                        ('[TOOL_CALLS] [{"name": "wiki", "arguments": {"query": ""}}]', "call_empty_query")]:
+        result = rewards.score("tool-calls-mistral-format", episode(turn), GOLD)
+        assert (result.total, result.components["format_error"]) == (pytest.approx(0.8), error), turn
+
+
 def test_an_unknown_call_format_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown call_format 'mistral'; choose one of hermes, llama3"):
-        tool_calls_format_error("", "mistral")
+    with pytest.raises(ValueError, match="unknown call_format 'gorilla'; choose one of hermes, llama3, mistral"):
+        tool_calls_format_error("", "gorilla")
 
 
 def test_f1_scores_the_last_answer_with_partial_credit() -> None:

@@ -24,7 +24,7 @@ FRAGMENTS = [
     # native tool calls: whole and broken calls, unknown tools, wrong argument types, a call left open
     "<tool_call>", "</tool_call>", '{"name": "wiki", "arguments": {"query": "who"}}', '{"name": "all", "parameters": {"query": "x"}}',
     '{"name": "nope", "arguments": {"query": "x"}}', '{"name": "news", "arguments": {"query": 7}}', '{"name": ', "[", "]", "}",
-    '"', "<|python_tag|>", "<tool_call>\n{\"name\": \"all\", \"arguments\": {\"query\": \"city\"}}\n</tool_call><|endoftext|>",
+    '"', "<|python_tag|>", "[TOOL_CALLS]", "<tool_call>\n{\"name\": \"all\", \"arguments\": {\"query\": \"city\"}}\n</tool_call><|endoftext|>",
 ]
 
 
@@ -95,7 +95,7 @@ def stream_tokenizer(request, split_tag_tokenizer):
 
 
 @pytest.mark.parametrize("protocol", ["search-r1", "r1-searcher", "research", "r-search", "reasoning-search", "tool-calls",
-                                      "tool-calls-llama3"])
+                                      "tool-calls-llama3", "tool-calls-mistral"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     fragments=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=40),

@@ -74,6 +74,44 @@ def test_the_llama3_fallback_prompt_asks_for_json_calls_with_parameters() -> Non
                       f"calls go one per line.\n\n{WIKI_SCHEMA}\n{NEWS_SCHEMA}\n\nQuestion: Who founded the city?\n")
 
 
+def test_the_mistral_fallback_prompt_lists_the_tools_as_one_json_list_byte_for_byte() -> None:
+    prompt = make_env("tool-calls-mistral").render_prompt("Who founded the city")
+    assert prompt == (f"{SYSTEM}\n\n[AVAILABLE_TOOLS] [{WIKI_SCHEMA}, {NEWS_SCHEMA}][/AVAILABLE_TOOLS]\n\nTo call functions, "
+                      "write [TOOL_CALLS] followed by a JSON list of the calls:\n[TOOL_CALLS] [{\"name\": <function-name>, "
+                      "\"arguments\": <args-json-object>}]\n\nQuestion: Who founded the city?\n")
+
+
+def test_mistral_calls_of_one_list_run_together_and_come_back_in_call_order() -> None:
+    env = make_env("tool-calls-mistral")
+    env.reset(seed=0)
+    turn = ('<think> t </think>[TOOL_CALLS] [{"name": "news", "arguments": {"query": "the city"}, "id": "abcdefghi"}, '
+            '{"name": "wiki", "arguments": {"query": "who founded"}}][TOOL_CALLS] [{"name": "news", "arguments": {"query": "x"}}]')
+    text, (_, terminated, _, _), _ = play_turn(env, turn)
+    assert text == (f"\n<tool_response>\n{docs('the city')}\n</tool_response>\n<tool_response>\n{docs('who founded')}\n"
+                    f"</tool_response>\n<tool_response>\n{docs('x')}\n</tool_response>\n")
+    assert not terminated and env.sources["news"].calls == [["the city", "x"]] and env.sources["wiki"].calls == [["who founded"]]
+    assert env.protocol.tool_calling.write([("wiki", "a"), ("news", "b")]) == (
+        '[TOOL_CALLS] [{"name": "wiki", "arguments": {"query": "a"}}, {"name": "news", "arguments": {"query": "b"}}]')
+
+
+@pytest.mark.parametrize(("turn", "message", "counter"), [
+    ('[TOOL_CALLS] [{"name": "wiki", "arguments": oops}]', "the call is not valid JSON", "invalid_calls"),
+    ('[TOOL_CALLS] [{"name": "wiki", "arguments": {"query": "who', "the call was cut off before its JSON closed",
+     "unterminated_calls"),
+    ("[TOOL_CALLS]", "no call follows [TOOL_CALLS]", "invalid_calls"),
+    ("[TOOL_CALLS] []", "no call follows [TOOL_CALLS]", "invalid_calls"),
+    ('[TOOL_CALLS] ["wiki"]', "a call must be a JSON object", "invalid_calls"),
+    ('[TOOL_CALLS] [{"name": "wiki", "arguments": {"query": "  "}}]', "the query is empty", "empty_queries"),
+])
+def test_a_bad_mistral_call_is_an_error_response_and_a_counter(turn: str, message: str, counter: str) -> None:
+    env = make_env("tool-calls-mistral")
+    env.reset(seed=0)
+    text, (_, terminated, truncated, _), _ = play_turn(env, turn)
+    assert text.startswith(f"\n<tool_response>\nError: {message}") and text.endswith("\n</tool_response>\n")
+    assert text.count("<tool_response>") == 1 and not (terminated or truncated)
+    assert env.trajectory.counters[counter] == 1 and env.trajectory.counters["searches"] == 0
+
+
 def test_a_source_that_describes_itself_is_offered_with_its_description_behind_a_cache() -> None:
     wiki = CountingSource("wiki")
     wiki.description = "the company's handbook"
@@ -211,8 +249,8 @@ def test_a_turn_without_calls_ends_the_episode_at_its_eos() -> None:
 def test_the_protocol_stops_generation_only_at_the_answer_and_knows_its_call_formats() -> None:
     assert get_protocol("tool-calls").stop_strings == ("</answer>",)
     assert get_protocol("tool-calls").reward == get_protocol("tool-calls-llama3").reward == "search-r1"
-    with pytest.raises(ValueError, match="unknown call_format 'mistral'; choose one of hermes, llama3"):
-        ToolCalling(call_format="mistral")
+    with pytest.raises(ValueError, match="unknown call_format 'gorilla'; choose one of hermes, llama3, mistral"):
+        ToolCalling(call_format="gorilla")
 
 
 def test_a_template_that_takes_one_call_per_turn_still_gives_its_tool_turn() -> None:
@@ -254,3 +292,25 @@ def test_every_call_the_environment_answers_with_an_error_costs_the_format_rewar
     play_turn(env, hermes("wiki", {"query": "who"}) + hermes("news", {"query": "city"}))
     _, (reward, _, _, info), _ = play_turn(env, "<answer> Bob Smith </answer>", eos=False)
     assert reward == 1.0 and info["reward_components"]["format_error"] is None
+
+
+def test_a_template_that_asks_for_call_ids_gets_the_fallback_tool_turn() -> None:
+    jinja2 = pytest.importorskip("jinja2")
+    from search_env.tool_calls import template_turn
+
+    def refuse(message):
+        raise ValueError(message)
+
+    environment = jinja2.Environment()
+    environment.globals["raise_exception"] = refuse
+    template = environment.from_string(  # Mistral-7B-Instruct-v0.3's rule: every call has an id of 9 characters
+        "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}[TOOL_CALLS] ["
+        "{% for c in m.tool_calls %}{% if c.id is not defined or c.id | length != 9 %}"
+        "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+        "{{ c.function | tojson }}{% endfor %}]</s>{% elif m.role == 'tool' %}[TOOL_RESULTS] {{ m.content }}[/TOOL_RESULTS]"
+        "{% else %}[INST] {{ m.content }}[/INST]{% endif %}{% endfor %}")
+
+    def render(messages, tools=None, add_generation_prompt=True):
+        return template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    assert template_turn(render, [{"role": "user", "content": "Q"}], "</s>", ToolCalling(call_format="mistral")) is None

@@ -31,6 +31,8 @@ WRITING = {
                    "<answer> x </answer>", "<answer> x </answer>"),
     "tool-calls-llama3": ("<think> t </think>", '{"name": "search", "parameters": {"query": "q"}}', "<answer> x </answer>",
                           "<answer> x </answer>"),
+    "tool-calls-mistral": ("<think> t </think>", '[TOOL_CALLS] [{"name": "search", "arguments": {"query": "q"}}]',
+                           "<answer> x </answer>", "<answer> x </answer>"),
 }
 
 
@@ -112,7 +114,7 @@ def test_oracle_searches_every_step_of_a_decomposition_without_sources(protocol:
     assert [call.content.strip() for call in traj.tool_calls] == ["Green >> performer", "Steve Hillage >> spouse"]
 
 
-@pytest.mark.parametrize("protocol", ["tool-calls", "tool-calls-llama3"])
+@pytest.mark.parametrize("protocol", ["tool-calls", "tool-calls-llama3", "tool-calls-mistral"])
 def test_oracle_calls_every_step_at_once_with_native_tool_calls(protocol: str) -> None:
     source = CountingSource()
     traj = run_episode(SearchQAEnv(protocol, dataset=[MUSIQUE_LIKE], sources=source), OracleAgent(), seed=0)
@@ -123,10 +125,10 @@ def test_oracle_calls_every_step_at_once_with_native_tool_calls(protocol: str) -
 
 def test_oracle_scores_on_the_synthetic_world_under_tool_calls_as_under_search_r1() -> None:
     rewards = {}
-    for protocol in ("search-r1", "tool-calls", "tool-calls-llama3"):
+    for protocol in ("search-r1", "tool-calls", "tool-calls-llama3", "tool-calls-mistral"):
         env = SearchQAEnv(protocol, world_size=200)
         rewards[protocol] = [run_episode(env, OracleAgent(), options={"index": i}).reward for i in range(40)]
-    assert rewards["tool-calls"] == rewards["tool-calls-llama3"] == rewards["search-r1"] == [1.0] * 40
+    assert rewards["tool-calls"] == rewards["tool-calls-llama3"] == rewards["tool-calls-mistral"] == rewards["search-r1"] == [1.0] * 40
 
 
 def test_oracle_plans_every_step_with_its_edges() -> None:
