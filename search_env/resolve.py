@@ -160,9 +160,10 @@ def resolve_reward(
     """The reward an episode is scored with and its keyword options.
 
     ``reward`` None means the protocol's preset with the protocol's options; a preset name or a
-    :class:`~rewards.schedule.StepReward` replaces both. For an NL-DAG protocol, ``plan_names`` (the
-    source names and aliases a plan may use) go to the reward as its ``tools`` option when it takes
-    one and the caller did not set it, so the reward accepts every tool the environment runs.
+    :class:`~rewards.schedule.StepReward` replaces both. For an NL-DAG or a tool-calls protocol,
+    ``plan_names`` (the source names and aliases a plan or a call may use) go to the reward as its ``tools``
+    option when it takes one and the caller did not set it, so the reward accepts every tool the environment
+    runs, and only those.
     """
     if reward is not None and not isinstance(reward, (str, StepReward)):
         raise TypeError(f"reward must be a preset name or a rewards.schedule.StepReward, not {type(reward).__name__}")
@@ -170,6 +171,6 @@ def resolve_reward(
     if isinstance(chosen, str):
         get_preset(chosen)  # an unknown name fails here, listing the known ones, not at an episode's end
     options = dict(protocol.reward_options if reward is None else {}, **(reward_options or {}))
-    if protocol.call_kind == "dag" and "tools" not in options and accepts_option(chosen, "tools"):
+    if protocol.call_kind in ("dag", "tools") and "tools" not in options and accepts_option(chosen, "tools"):
         options["tools"] = tuple(plan_names)
     return chosen, options
