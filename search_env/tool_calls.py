@@ -20,7 +20,7 @@ Call formats:
   the turn's calls as one JSON list ``[{"name": "wiki", "arguments": {"query": "..."}}, ...]`` (an ``id``
   beside ``name`` is allowed; several ``[TOOL_CALLS]`` in a turn add their calls).
 
-Either format accepts ``arguments`` or ``parameters``, and arguments given as a JSON string.
+Every format accepts ``arguments`` or ``parameters``, and arguments given as a JSON string.
 
 Prompt: where the tokenizer's chat template renders tools (``apply_chat_template(messages, tools=...)``
 changes the text), the template lists them, in transformers' JSON-schema tool format
@@ -32,8 +32,8 @@ for ``mistral`` a JSON list of them in Mistral's ``[AVAILABLE_TOOLS] [...][/AVAI
 Tool turn: with a chat template, the template's own rendering of tool messages (:func:`template_turn`:
 the text a conversation gains when tool messages follow the assistant's turn, plus what the template
 writes after the end-of-sequence token that closed that turn). Without one (or where the template
-cannot render tool messages after an assistant turn, as Mistral's, which asks for call ids) the fallback :data:`FALLBACK_TURN`:
-``\\n<tool_response>\\n{result}\\n</tool_response>\\n`` per call. The whole turn is encoded once.
+cannot render tool messages after an assistant turn, as Mistral's, which asks for call ids the model
+never wrote) the fallback :data:`FALLBACK_TURN`: ``\\n<tool_response>\\n{result}\\n</tool_response>\\n`` per call. The whole turn is encoded once.
 
 Bad calls never raise: broken JSON, an unknown tool, arguments of the wrong type, an empty query, a
 call cut off by the end of the turn, calls beyond the search budget or past :data:`MAX_CALLS_PER_TURN`
@@ -147,7 +147,8 @@ class CallFormat:
         arguments_key: the key the family writes the arguments under.
         find: where a turn's calls begin (their character offset), or None when it holds no call.
         read: the calls of a turn that holds some.
-        instructions: the fallback listing's text; ``{schemas}`` is filled in, one JSON schema a line.
+        instructions: the fallback listing's text; ``{schemas}`` is filled in, one JSON schema a line (the
+            items of one JSON list with ``json_lists``).
         json_lists: the family writes a turn's calls, and the listing its schemas, as one JSON list after
             ``call_open`` (Mistral's), not one call a line.
     """
