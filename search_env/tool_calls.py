@@ -33,7 +33,8 @@ Tool turn: with a chat template, the template's own rendering of tool messages (
 the text a conversation gains when tool messages follow the assistant's turn, plus what the template
 writes after the end-of-sequence token that closed that turn). Without one (or where the template
 cannot render tool messages after an assistant turn, as Mistral's, which asks for call ids the model
-never wrote) the fallback :data:`FALLBACK_TURN`: ``\\n<tool_response>\\n{result}\\n</tool_response>\\n`` per call. The whole turn is encoded once.
+never wrote) the fallback :data:`FALLBACK_TURN`: ``\\n<tool_response>\\n{result}\\n</tool_response>\\n`` per call.
+The whole turn is encoded once.
 
 Bad calls never raise: broken JSON, an unknown tool, arguments of the wrong type, an empty query, a
 call cut off by the end of the turn, calls beyond the search budget or past :data:`MAX_CALLS_PER_TURN`
