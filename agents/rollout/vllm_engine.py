@@ -157,7 +157,7 @@ class VLLMEngine(EngineWithWeights):
     Args:
         policy: the trained policy; its LM and tokenizer are written to a temporary model folder that
             vLLM loads (removed by :meth:`close`); with LoRA adapters, its frozen base, the adapters
-            being added apart (module docstring). Under ZeRO-3 build an engine that ``preload``\ s within the
+            being added apart (module docstring). Under ZeRO-3, with ``preload``, build the engine within the
             backend's ``generation()``, where the weights it writes are whole.
         memory_fraction: the share of the device's memory vLLM may take (``gpu_memory_utilization``). On a
             CPU the KV cache is that share of the machine's memory, at most :data:`CPU_KV_CACHE_GIB_MAX` GiB

@@ -3,7 +3,8 @@ when the run's config is, so that a combination that cannot run ends in one line
 
 Run (tested on CPU ranks over gloo): one process with any engine; data-parallel ranks (``run.backend`` fsdp,
 deepspeed at ZeRO-2 or ZeRO-3, under ``torchrun``) with any engine, the in-process vLLM engine colocated on
-every rank (each rank its own engine, synced from the gathered weights one tensor at a time).
+every rank (each rank its own engine, synced from the gathered weights one tensor at a time), LoRA adapters
+included (the engines serve them on their frozen base).
 
 Refused: an engine that holds no weights of its own with ``rollout.max_staleness`` (nothing to keep a rollout
 ahead on), and ``rollout.max_staleness`` on several ranks (their rollouts and updates take collectives in

@@ -1,11 +1,12 @@
 """Data-parallel ranks each holding its own in-process vLLM engine (the colocated layout: TRL's
 ``vllm_mode="colocate"``, verl's hybrid engine), in the vLLM virtualenv on two CPU ranks (``torchrun``, gloo):
-FSDP2, ZeRO-2 and ZeRO-3. One ``agents.train`` command, run as one process (torch backend) and on two ranks of
-each backend, samples the same episodes, and every rank's engine takes the trained weights one gathered
-tensor at a time, each sync checked on its rank; the runs end at the one process's parameters, to float
-rounding, so a ZeRO-3 step that moved nothing (a reported trap of colocated ZeRO-3) fails here.
+FSDP2, ZeRO-2 and ZeRO-3, and ZeRO-3 training LoRA adapters (the engine serving them on its frozen base). One
+``agents.train`` command, run as one process (torch backend) and on two ranks of each layout, samples the same
+episodes, and every rank's engine takes the trained weights one gathered tensor at a time, each sync checked
+on its rank; the runs end at the one process's parameters, to float rounding, so a ZeRO-3 step that moved
+nothing (a reported trap of colocated ZeRO-3) fails here.
 
-The four runs share one fixture, one after another (about a minute each on two cores)."""
+The six runs share one fixture, one after another (30-45 s each on two busy cores)."""
 from __future__ import annotations
 
 import json
@@ -32,10 +33,15 @@ COMMAND = ("--algo", "grpo", "--model.name", "tiny", "--model.tiny_layers", "1",
            "--env.max_context", "512", "--data.world_size", "30", "--algorithm.kl_coef", "0.01", "--run.seed", "3",
            "--optim.learning_rate", "1e-3", "--rollout.engine", "vllm", "--engine.memory_fraction", "0.01",
            "--eval.questions", "0", "--run.report_to", "[]", "--run.sample_every", "1")
-#: The layouts on two ranks, by the flags that pick them.
-LAYOUTS = {"fsdp": ("--run.backend", "fsdp"),
-           "zero2": ("--run.backend", "deepspeed", "--backend.zero_stage", "2"),
-           "zero3": ("--run.backend", "deepspeed", "--backend.zero_stage", "3")}
+#: The one-process runs, by the flags added to the command: full weights, and LoRA adapters.
+LORA = ("--model.lora_rank", "4")
+REFERENCES = {"one": (), "one-lora": LORA}
+#: The layouts on two ranks: the one-process run each is compared with, and the flags that pick it.
+ZERO3 = ("--run.backend", "deepspeed", "--backend.zero_stage", "3")
+LAYOUTS = {"fsdp": ("one", ("--run.backend", "fsdp")),
+           "zero2": ("one", ("--run.backend", "deepspeed", "--backend.zero_stage", "2")),
+           "zero3": ("one", ZERO3),
+           "zero3-lora": ("one-lora", (*ZERO3, *LORA))}
 #: Parameters agree within this share of the largest change the update made (float sums over 8 rows in one
 #: process and 4 on each rank, in another order) and within this absolute difference, besides float32
 #: roundings of the parameter itself: the tolerance of the single-process / ZeRO-2 rank-invariance test.
@@ -61,14 +67,15 @@ def _export_initial(python: str, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(vllm_python, tmp_path_factory) -> Path:
-    """The command as one process and on two ranks of each layout, one after another, and the model before
-    training (``initial/``)."""
+    """The command as one process (with and without LoRA) and on two ranks of each layout, one after another,
+    and the model before training (``initial/``; a LoRA policy's adapters start as no change)."""
     out = tmp_path_factory.mktemp("colocated")
     env = {**rank_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    one = subprocess.run([vllm_python, "-m", "agents.train", *COMMAND, "--run.output_dir", str(out / "one")],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-6000:]
-    for name, flags in LAYOUTS.items():
+    for name, flags in REFERENCES.items():
+        one = subprocess.run([vllm_python, "-m", "agents.train", *COMMAND, *flags, "--run.output_dir", str(out / name)],
+                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-6000:]
+    for name, (_, flags) in LAYOUTS.items():
         torchrun(2, "-m", "agents.train", *COMMAND, *flags, "--run.output_dir", str(out / name), python=vllm_python,
                  env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     _export_initial(vllm_python, out)
@@ -77,7 +84,7 @@ def runs(vllm_python, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_with_their_own_engines_sample_the_one_process_episodes_each_sync_checked(runs, layout):
-    one, two = runs / "one", runs / layout
+    one, two = runs / LAYOUTS[layout][0], runs / layout
     assert _lines(two / "samples.jsonl") == _lines(one / "samples.jsonl")  # the episodes, as text
     single, ranks = _lines(one / "metrics.jsonl"), _lines(two / "metrics.jsonl")
     assert [m["step"] for m in single] == [m["step"] for m in ranks] == [1, 2]
@@ -95,7 +102,7 @@ def test_two_ranks_with_their_own_engines_sample_the_one_process_episodes_each_s
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_with_their_own_engines_end_at_the_one_process_parameters(runs, layout):
     initial = load_file(runs / "initial" / "model.safetensors")
-    single = load_file(runs / "one" / "policy" / "model.safetensors")
+    single = load_file(runs / LAYOUTS[layout][0] / "policy" / "model.safetensors")  # a LoRA policy's merged
     ranks = load_file(runs / layout / "policy" / "model.safetensors")
     assert single.keys() == ranks.keys() == initial.keys()
     update = max(float((single[name] - initial[name]).abs().max()) for name in single)
