@@ -51,7 +51,8 @@ def build_trainer(config: TrainConfig, *, callbacks: Sequence[Callback] = (), da
     np.random.seed(config.run.seed)
     torch.manual_seed(config.run.seed)
     (train_examples, train_sources), held_out = split_data(config) if data is None else data.for_config(config)
-    check_prompt_room(config, load_codec(config.model), [*train_examples, *(held_out[0] if held_out is not None else ())])
+    check_prompt_room(config, load_codec(config.model), [*train_examples, *(held_out[0] if held_out is not None else ())],
+                      train_sources)
     algorithm = lookup_algorithm(config.algo)(algorithm_config(config), max_new_tokens=config.env.max_new_tokens)
     policy = load_policy(config.model, value_head=algorithm.value_head, seed=config.run.seed,
                          dtype=policy_load_dtype(config)).to(resolve_device(config.run.device))

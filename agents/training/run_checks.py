@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from agents.training.run_files import REPLACED_BY_NEW_RUN, RUN_MARKERS
 
@@ -35,14 +35,21 @@ __all__ = ["check_device", "check_output_dir", "check_prompt_room", "check_writa
 PROMPTS_MEASURED = 64
 
 
-def check_prompt_room(config: TrainConfig, codec: Any, examples: Iterable[Any]) -> None:
+def check_prompt_room(config: TrainConfig, codec: Any, examples: Iterable[Any], sources: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` (one line) when a prompt of ``examples`` (the longest :data:`PROMPTS_MEASURED`
     questions) leaves no room under ``env.max_context`` for the agent to answer, naming the prompt's length,
-    so that the run fails before its model is loaded instead of at its first episode."""
+    so that the run fails before its model is loaded instead of at its first episode. A tool-calls
+    protocol's prompt lists every source as a tool, so it is measured with ``sources`` (the run's)."""
     from search_env.env import prompt_text
     from search_env.protocols import get_protocol
 
     protocol = get_protocol(config.env.protocol)
+    if protocol.tool_calling is not None and sources:
+        from search_env.resolve import resolve_source_names
+        from search_env.tool_calls import fit_protocol
+
+        _, default = resolve_source_names(sources, None, None)
+        protocol = fit_protocol(protocol, sources, default, codec, bool(codec.chat_template))
     longest = heapq.nlargest(PROMPTS_MEASURED, {example.question for example in examples}, key=len)
     tokens = max((len(codec.encode(prompt_text(protocol, codec, question))) for question in longest), default=0)
     if tokens >= config.env.max_context:

@@ -222,6 +222,30 @@ def test_a_context_below_the_prompt_is_refused_before_the_model_is_built(tmp_pat
     check_prompt_room(config, load_codec("tiny"), [question] * 3)  # a short question under a long one's room
 
 
+def test_a_tool_calls_prompt_is_measured_with_the_runs_sources_as_its_tools(tmp_path, capsys, monkeypatch):
+    """The tool-calls prompt lists every source of the run as a tool: its room is checked with them, in one
+    line before the model loads, not at the first episode's reset."""
+    import agents.training.build as build
+    from agents.training.run_checks import check_prompt_room
+    from agents.policies.loading import load_codec
+    from search_env.data.example import QAExample
+    from search_env.sources.bm25 import BM25Source
+
+    monkeypatch.setattr(build, "load_policy", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model built")))
+    argv = ["--env.protocol", "tool-calls", "--data.world_size", "20", "--eval.questions", "2", "--env.max_context", "800",
+            "--run.output_dir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: env.max_context 800 leaves no room for an answer") and "\n" not in err, err
+    question = [QAExample(id="q", question="Who founded Doszresk Holdings?", golden_answers=["Ann"])]
+    codec, config = load_codec("tiny"), TrainConfig().updated({"env.protocol": "tool-calls", "env.max_context": 800})
+    passages = [{"id": "1", "title": "A", "text": "a"}]
+    one, four = ({f"s{i}": BM25Source(passages, name=f"s{i}") for i in range(n)} for n in (1, 4))
+    check_prompt_room(config, codec, question, one)  # one tool fits in 800 tokens (about 570)
+    with pytest.raises(ValueError, match="leaves no room"):  # four tools' descriptions do not (about 1,070)
+        check_prompt_room(config, codec, question, four)
+
+
 def test_a_short_run_prints_the_table_and_its_files(tmp_path, capsys):
     argv = ["--algo", "reinforce++-baseline", "--run.steps", "1", "--rollout.questions_per_step", "2",
             "--algorithm.group_size", "2", "--env.max_new_tokens", "12", "--data.world_size", "20",
