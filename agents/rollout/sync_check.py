@@ -9,7 +9,7 @@ sequence equal the trainer's up to kernel and precision differences, so a small 
 How: a probe of a few short token sequences is made once per run (:func:`make_probe`, seeded, from the
 run's prompts); after each sync the engine scores it (its ``logprobs(sequences)``, temperature 1) and the
 trainer scores it with the policy (:func:`policy_logprobs`, temperature 1, in eval mode within the backend's
-``generation()``); the largest absolute difference over the probe's tokens is the sync gap
+``scoring()``: its precision, a sharded policy gathered module by module); the largest absolute difference over the probe's tokens is the sync gap
 (:func:`sync_gap`). :class:`SyncCheck` logs it and, above a tolerance, stops the run with one line naming
 the engine, the sync number and the gap (or warns in one line, or is off).
 
@@ -106,7 +106,7 @@ def env_probe(env: Any, *, seed: int, count: int = 3, length: int = 32) -> list[
 def policy_logprobs(policy: torch.nn.Module, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
     """``policy``'s (an :class:`~agents.policies.policy.HFPolicy`) log-prob of each id given those before it,
     at temperature 1, one sequence at a time (no padding to differ from the engine's), entry 0 being 0.
-    The caller sets the mode and the precision (eval mode, the backend's ``generation()``)."""
+    The caller sets the mode and the precision (eval mode, the backend's ``scoring()``)."""
     device = next(policy.parameters()).device
     rows = []
     for sequence in sequences:
@@ -144,7 +144,7 @@ class SyncCheck:
     Args:
         probe: the token sequences scored (:func:`make_probe`), the same for the whole run.
         reference: the trainer's log-probs of given sequences (its current weights; :func:`policy_logprobs`
-            within the backend's eval mode and ``generation()``), called once per check.
+            within the backend's eval mode and ``scoring()``), called once per check.
         engine_name: how the failure line names the engine (``rollout.engine``).
         mode: one of :data:`SYNC_CHECK_MODES`.
         tolerance: the largest gap accepted (:func:`default_tolerance`).

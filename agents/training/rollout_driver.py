@@ -209,9 +209,11 @@ class RolloutDriver:
 
     def probe_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """The trained policy's log-probs of ``sequences`` as the backend computes them for rollouts (eval
-        mode, within ``generation()``: its precision, a sharded policy's weights whole)."""
+        mode, its precision), within its ``scoring()``: a sharded policy is gathered module by module as the
+        forward passes need it, never whole (every rank scores the same sequences, as every rank checks its
+        own engine's sync)."""
         self.backend.eval()
-        with self.backend.generation():
+        with self.backend.scoring():
             return policy_logprobs(self.policy, sequences)
 
     # -- checkpoints and the end ----------------------------------------------------------------------

@@ -129,6 +129,16 @@ class TrainingBackend(ABC):
         engine gathers them; a collective every rank enters); nothing to do on one process."""
         yield
 
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """Within the block forward passes of ``backend.policy`` score given sequences in the precision that
+        :meth:`generation` decodes in, with no more of a sharded policy whole than a forward pass of training
+        holds: a sharded engine gathers each module's weights for its own pass (a collective every rank runs,
+        on the same sequences). The sync check scores its probe so after every weight sync. Default:
+        :meth:`generation` itself (nothing to gather on one process)."""
+        with self.generation():
+            yield
+
     @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradient of one micro-batch's loss (already scaled by global counts)."""

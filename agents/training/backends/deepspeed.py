@@ -222,6 +222,13 @@ class DeepSpeedBackend(DataParallelBackend):
             finally:
                 offload._register_deepspeed_module(offload.module)
 
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """Nothing to gather beforehand: under ZeRO-3 the engine's module hooks gather each module's parameters
+        for its forward pass and partition them again after it; ZeRO-2 holds them whole. The policy computes
+        in the engine's precision either way (its parameters' dtype)."""
+        yield
+
     def rollout_weights(self, *, adapters: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """ZeRO-3: each partitioned parameter gathered whole on every rank, yielded, and partitioned again
         before the next one is gathered, so that beyond its shards a rank holds one parameter whole at a time

@@ -189,6 +189,14 @@ class FSDPBackend(DataParallelBackend, TorchBackend):
             for unit in units:
                 unit.reshard()
 
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """The run's precision, each unit gathered by its own forward pass and sharded again after it, as in
+        training (the root, embeddings and head, stays whole until the next backward pass or state-dict read);
+        within :meth:`generation` the units are whole already."""
+        with self._precision():
+            yield
+
     def rollout_weights(self, *, adapters: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Each sharded weight gathered whole (``full_tensor()``) on every rank, one at a time: a collective
         every rank runs to the end. Within :meth:`generation` they are whole already and yielded as they

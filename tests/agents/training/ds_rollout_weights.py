@@ -1,8 +1,10 @@
 """A rollout engine's read of the policy's weights (``TrainingBackend.rollout_weights``) on one process
-(``--backend torch``) or on each rank of a ``torchrun`` group (``--backend deepspeed``); each rank writes
+(``--backend torch``) or on each rank of a ``torchrun`` group (``--backend deepspeed``, ``fsdp``); each rank writes
 what it was given, and under ZeRO-3 the most parameters it held whole at any yield, to ``--out``'s
 ``rank{N}.pt``; then rank 0 alone reads them again within ``backend.generation()``, as an evaluation
-would. ``test_rollout_weights.py`` compares them with the single-process model's state dict.
+would. ``test_rollout_weights.py`` compares them with the single-process model's state dict. Each rank also
+scores a probe within ``backend.scoring()`` (as the sync check does), recording the most parameters whole at
+any module's forward pass, and within ``generation()`` (whole) for comparison.
 
     torchrun --nproc_per_node 2 -m tests.agents.training.ds_rollout_weights --backend deepspeed --zero 3 --out DIR
 """
@@ -34,6 +36,33 @@ def gathered(policy: torch.nn.Module) -> int:
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     return sum(p.ds_status == ZeroParamStatus.AVAILABLE and not p.ds_persist for p in policy.parameters())
+
+
+def whole_parameters(policy: torch.nn.Module) -> int:
+    """Parameters whole on this rank now: ZeRO-3's gathered ones, or FSDP's unsharded ones (not DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    if any(hasattr(p, "ds_status") for p in policy.parameters()):
+        return gathered(policy)
+    return sum(not isinstance(p, DTensor) for p in policy.parameters())
+
+
+def scored(backend, policy, probe: list[list[int]]) -> tuple[list[list[float]], int]:
+    """The policy's log-probs of ``probe`` within ``backend.scoring()``, and the most parameters whole on this
+    rank at any module's forward pass meanwhile."""
+    from agents.rollout.sync_check import policy_logprobs
+
+    most = [0]
+    hooks = [m.register_forward_pre_hook(lambda *_: most.__setitem__(0, max(most[0], whole_parameters(policy))))
+             for m in policy.modules()]
+    try:
+        backend.eval()
+        with backend.scoring():
+            logprobs = policy_logprobs(policy, probe)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logprobs, most[0]
 
 
 def main() -> None:
@@ -70,6 +99,14 @@ def main() -> None:
         result[part] = {name: tensor.cpu().clone() for name, tensor in read.items()}
     if sharded:
         result["gathered_after"] = gathered(policy)
+    if args.backend != "torch":  # the sync check's scoring: module by module, every rank on the same probe
+        from agents.rollout.sync_check import policy_logprobs
+
+        probe = [list(range(3, 19)), list(range(40, 52))]
+        result["parameters"] = len(list(policy.parameters()))
+        result["scored"], result["scoring_most_whole"] = scored(backend, policy, probe)
+        with backend.generation():
+            result["scored_whole"] = policy_logprobs(policy, probe)
     # As an evaluation does: rank 0 alone reads within generation(), where the weights are whole (no gather).
     with backend.generation():
         if backend.rank == 0:

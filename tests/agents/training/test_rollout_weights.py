@@ -78,6 +78,26 @@ def test_every_rank_reads_the_single_process_model_one_parameter_at_a_time(tmp_p
         if zero == 3:
             # Sharded: most parameters are partitioned, yet at every yield one (the one yielded) is whole.
             assert rank["partitioned"] >= 10 and rank["most_gathered"] == 1 and rank["gathered_after"] == 0, rank
+            assert_scored_module_by_module(rank)
+
+
+def assert_scored_module_by_module(rank: dict) -> None:
+    """The sync check's scoring (``backend.scoring()``) gives the whole model's log-probs, with never all the
+    parameters whole at a module's forward pass (measured: ZeRO-3 the module's own 2 of 20, FSDP the root's and
+    one layer's 11 of 20), where ``generation()`` gathers them all."""
+    for scored, whole in zip(rank["scored"], rank["scored_whole"], strict=True):
+        torch.testing.assert_close(torch.tensor(scored), torch.tensor(whole), atol=1e-6, rtol=0)
+    assert 0 < rank["scoring_most_whole"] < rank["parameters"], rank
+
+
+@pytest.mark.fsdp
+@pytest.mark.slow
+def test_every_fsdp_rank_scores_the_sync_probe_module_by_module(tmp_path):
+    torchrun(2, "-m", "tests.agents.training.ds_rollout_weights", "--backend", "fsdp", "--out", str(tmp_path))
+    for rank in range(2):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        assert_same(result["weights"], plain_state_dict())
+        assert_scored_module_by_module(result)
 
 
 @pytest.mark.deepspeed
