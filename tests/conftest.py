@@ -34,6 +34,9 @@ SLOW_TIMEOUT_S = 1200
 seconds); other tests get setup.cfg's ``timeout``."""
 
 
+_BUILD = pytest.StashKey["object"]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         import torch
@@ -47,6 +50,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the side virtualenvs the selected tests need (:mod:`tests.side_venvs`)."""
+    from tests.side_venvs import BackgroundBuild, scripts_for
+
+    scripts = scripts_for(session.items)
+    if scripts and not session.config.option.collectonly:
+        import tempfile
+
+        log = Path(tempfile.gettempdir()) / f"searchqa-side-venvs-{os.getpid()}.log"
+        session.config.stash[_BUILD] = BackgroundBuild(scripts, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    build = session.config.stash.get(_BUILD, None)
+    if build is not None:
+        build.stop()
 
 
 def skip_without(extra: str, *modules: str) -> None:

@@ -14,6 +14,9 @@ import pytest
 from benchmarks import answer_turn
 from tests.conftest import REPO_ROOT
 
+#: The side virtualenv these tests run in, built in the background from the start of the run (tests/side_venvs.py).
+VENV_SCRIPTS = ("gem_venv.sh",)
+
 OURS = {"answer_turn", "answer_turn_unwrapped", "chunk_3", "token"}
 
 

@@ -13,6 +13,9 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.search_env.integrations.scripted import PROTOCOLS
 
+#: The side virtualenv these tests run in, built in the background from the start of the run (tests/side_venvs.py).
+VENV_SCRIPTS = ("gem_venv.sh",)
+
 pytestmark = [pytest.mark.integrations, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 

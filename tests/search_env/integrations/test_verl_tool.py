@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+#: The side virtualenv these tests run in, built in the background from the start of the run (tests/side_venvs.py).
+VENV_SCRIPTS = ("verl_venv.sh",)
+
 pytestmark = [pytest.mark.integrations, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 PROTOCOLS = ("search-r1", "r1-searcher", "reasoning-search", "tool-calls")
