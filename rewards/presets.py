@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from functools import partial
 from typing import Callable
 
 from .dag import STRICT_TOOLS, read_strict_dag
@@ -36,7 +37,7 @@ from .formats import (
 )
 from .metrics import cover_exact_match, exact_match, f1_score, normalize_squad
 from .result import RewardResult
-from .tool_calls import tool_calls_format, tool_calls_llama3_format, tool_calls_mistral_format
+from .tool_calls import tool_calls_format
 
 __all__ = [
     "EVIDENCE_PROMPT",
@@ -436,8 +437,8 @@ BUILTIN_PRESETS: dict[str, Callable[..., RewardResult]] = {
     "search-r1-f1": search_r1_f1,
     "search-r1-format": search_r1_format,
     "tool-calls-format": tool_calls_format,
-    "tool-calls-llama3-format": tool_calls_llama3_format,
-    "tool-calls-mistral-format": tool_calls_mistral_format,
+    "tool-calls-llama3-format": partial(tool_calls_format, call_format="llama3"),
+    "tool-calls-mistral-format": partial(tool_calls_format, call_format="mistral"),
     "r1-searcher": r1_searcher,
     "r1-searcher-stage1": r1_searcher_stage1,
     "r1-searcher-stage2": r1_searcher_stage2,

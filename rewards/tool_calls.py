@@ -22,8 +22,7 @@ from .extraction import last_tag_content
 from .metrics import exact_match
 from .result import RewardResult
 
-__all__ = ["TOOL_CALL_FORMATS", "tool_calls_format_error", "tool_calls_format", "tool_calls_llama3_format",
-           "tool_calls_mistral_format"]
+__all__ = ["TOOL_CALL_FORMATS", "tool_calls_format_error", "tool_calls_format"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _LLAMA3_CALL = re.compile(r'\{\s*"name"\s*:')
@@ -154,38 +153,3 @@ def tool_calls_format(
         total = structure_format_score if valid else final_format_score
     return RewardResult(total, {"answer": answer, "em": em, "format_valid": valid, "format_error": format_error})
 
-
-def tool_calls_llama3_format(
-    response: str,
-    golden_answers: list[str],
-    *,
-    question: str | None = None,
-    ended_with_eos: bool = True,
-    evidence_model: Callable[[str, str], str] | None = None,
-    judge: Callable[[str, list, str], float] | None = None,
-    score: float = 1.0,
-    structure_format_score: float = 0.2,
-    final_format_score: float = 0.1,
-    tools: Collection[str] | None = None,
-) -> RewardResult:
-    """:func:`tool_calls_format` for Llama 3 JSON calls (the ``tool-calls-llama3`` protocol)."""
-    return tool_calls_format(response, golden_answers, score=score, structure_format_score=structure_format_score,
-                             final_format_score=final_format_score, call_format="llama3", tools=tools)
-
-
-def tool_calls_mistral_format(
-    response: str,
-    golden_answers: list[str],
-    *,
-    question: str | None = None,
-    ended_with_eos: bool = True,
-    evidence_model: Callable[[str, str], str] | None = None,
-    judge: Callable[[str, list, str], float] | None = None,
-    score: float = 1.0,
-    structure_format_score: float = 0.2,
-    final_format_score: float = 0.1,
-    tools: Collection[str] | None = None,
-) -> RewardResult:
-    """:func:`tool_calls_format` for Mistral's ``[TOOL_CALLS]`` lists (the ``tool-calls-mistral`` protocol)."""
-    return tool_calls_format(response, golden_answers, score=score, structure_format_score=structure_format_score,
-                             final_format_score=final_format_score, call_format="mistral", tools=tools)
