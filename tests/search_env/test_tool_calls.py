@@ -253,25 +253,34 @@ def test_the_protocol_stops_generation_only_at_the_answer_and_knows_its_call_for
         ToolCalling(call_format="gorilla")
 
 
-def test_a_template_that_takes_one_call_per_turn_still_gives_its_tool_turn() -> None:
+def _chat_renderer(source: str):
+    """A chat template's render function (``messages``, ``tools``, ``add_generation_prompt``) for the
+    jinja ``source``, with transformers' ``raise_exception``."""
     jinja2 = pytest.importorskip("jinja2")
-    from search_env.tool_calls import template_turn
 
     def refuse(message):
         raise ValueError(message)
 
     environment = jinja2.Environment()
     environment.globals["raise_exception"] = refuse
-    template = environment.from_string(  # Llama 3.1's layout, which refuses two calls in one turn
+    template = environment.from_string(source)
+
+    def render(messages, tools=None, add_generation_prompt=True):
+        return template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    return render
+
+
+def test_a_template_that_takes_one_call_per_turn_still_gives_its_tool_turn() -> None:
+    from search_env.tool_calls import template_turn
+
+    render = _chat_renderer(  # Llama 3.1's layout, which refuses two calls in one turn
         "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
         "{% if m.tool_calls | length != 1 %}{{ raise_exception('single tool-calls only') }}{% endif %}"
         "<|start_header_id|>assistant<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
         "{% elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
         "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-
-    def render(messages, tools=None, add_generation_prompt=True):
-        return template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     turn = template_turn(render, [{"role": "user", "content": "Q"}], "<|eot_id|>", ToolCalling(call_format="llama3"))
     ipython = "<|start_header_id|>ipython<|end_header_id|>\n\n"
@@ -295,22 +304,13 @@ def test_every_call_the_environment_answers_with_an_error_costs_the_format_rewar
 
 
 def test_a_template_that_asks_for_call_ids_gets_the_fallback_tool_turn() -> None:
-    jinja2 = pytest.importorskip("jinja2")
     from search_env.tool_calls import template_turn
 
-    def refuse(message):
-        raise ValueError(message)
-
-    environment = jinja2.Environment()
-    environment.globals["raise_exception"] = refuse
-    template = environment.from_string(  # Mistral-7B-Instruct-v0.3's rule: every call has an id of 9 characters
+    render = _chat_renderer(  # Mistral-7B-Instruct-v0.3's rule: every call has an id of 9 characters
         "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}[TOOL_CALLS] ["
         "{% for c in m.tool_calls %}{% if c.id is not defined or c.id | length != 9 %}"
         "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
         "{{ c.function | tojson }}{% endfor %}]</s>{% elif m.role == 'tool' %}[TOOL_RESULTS] {{ m.content }}[/TOOL_RESULTS]"
         "{% else %}[INST] {{ m.content }}[/INST]{% endif %}{% endfor %}")
-
-    def render(messages, tools=None, add_generation_prompt=True):
-        return template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     assert template_turn(render, [{"role": "user", "content": "Q"}], "</s>", ToolCalling(call_format="mistral")) is None
