@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from search_env._optional import requires_extra
 from search_env.sources.base import Passage, Source, SourceError
 from search_env.sources.registry import Corpus, SourceOptions, register_source
 from search_env.sources.retrieve_api import document_to_passage
@@ -95,10 +96,8 @@ class MCPSource(Source):
             raise ValueError("MCPSource needs exactly one of command= (a stdio server) and url= (a streamable-HTTP server)")
         if timeout_s <= 0 or start_timeout_s <= 0:
             raise ValueError(f"timeout_s and start_timeout_s must be positive, got {timeout_s} and {start_timeout_s}")
-        try:
-            import mcp  # noqa: F401  (here, not on the loop's thread, so a missing extra is said plainly)
-        except ImportError as exc:
-            raise ImportError("MCPSource needs the 'mcp' extra: pip install -e '.[mcp]'") from exc
+        with requires_extra("mcp", "MCPSource"):  # here, not on the loop's thread, so a missing extra is said plainly
+            import mcp  # noqa: F401
         self.command: list[str] | None = None
         if command is not None:
             self.command = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
