@@ -28,6 +28,7 @@ __all__ = [
     "exact_match",
     "f1_score",
     "cover_exact_match",
+    "answer_in_text",
 ]
 
 Normalization = Literal["squad", "r1"]
@@ -146,3 +147,10 @@ def cover_exact_match(prediction: str, golden_answers: str | Iterable[str], *, n
         if (all(token in pred_tokens for token in gold_tokens) if gold_tokens else not pred):
             return 1.0
     return 0.0
+
+
+def answer_in_text(text: str, golden_answers: str | Iterable[str]) -> bool:
+    """Whether some gold answer, SQuAD-normalised and not empty, occurs in the normalised ``text`` as whole
+    words in order: the test that retrieved passages hold an answer a policy can copy out of them."""
+    padded = f" {normalize(text)} "
+    return any(gold and f" {gold} " in padded for gold in map(normalize, as_gold_list(golden_answers)))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from agents.scripted.agents import DialectWriter, run_episode
-from rewards.metrics import normalize
+from rewards.metrics import answer_in_text
 from search_env.data.example import QAExample, SubQuestion
 from search_env.trajectory import Trajectory
 
@@ -140,8 +140,7 @@ def gold_in_results(trajectory: Trajectory, decode: Callable[[Sequence[int]], st
     memory (what a small model does badly)."""
     results = " ".join(decode(trajectory.token_ids[span.start:span.end]) for span in trajectory.spans
                        if span.kind == "result")
-    text = f" {normalize(results)} "
-    return any(gold and f" {gold} " in text for gold in (normalize(answer) for answer in trajectory.golden_answers))
+    return answer_in_text(results, trajectory.golden_answers)
 
 
 def _lookups(example: QAExample) -> list[SubQuestion]:

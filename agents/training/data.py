@@ -75,14 +75,11 @@ def split_data(config: TrainConfig) -> tuple[Data, Data | None]:
 def answerable(examples: list[QAExample], source: Source, k: int) -> list[QAExample]:
     """The ``examples`` whose gold answer (SQuAD-normalised, as the EM reward compares it) is in the first
     ``k`` passages ``source`` returns for the question itself. Raises ``ValueError`` when none is."""
-    from rewards.metrics import normalize
+    from rewards.metrics import answer_in_text
 
     results = source.search([example.question for example in examples], k)
-    kept = []
-    for example, passages in zip(examples, results):
-        text = " " + normalize(" ".join(f"{p.title} {p.text}" for p in passages)) + " "
-        if any(gold and f" {gold} " in text for gold in map(normalize, example.golden_answers)):
-            kept.append(example)
+    kept = [example for example, passages in zip(examples, results)
+            if answer_in_text(" ".join(f"{p.title} {p.text}" for p in passages), example.golden_answers)]
     if not kept:
         raise ValueError(f"no training question has its gold answer in the first {k} passages it retrieves (data.answerable_at)")
     return kept

@@ -227,3 +227,17 @@ def test_best_over_golds(prediction, golds):
 @given(text=texts | words)
 def test_squad_normalisation_matches_official(text):
     assert normalize_squad(text) == official_normalize(text)
+
+
+@pytest.mark.parametrize(("text", "golds", "expected"), [
+    ("Zarbo is a company founded by Bob Smith.", ["zarbo."], True),  # normalised on both sides
+    ("Zarbo is a company founded by Bob Smith.", ["Old Zarbo", "Bob Smith"], True),  # any gold, whole words
+    ("Zarbo is a company founded by Bob Smith.", ["Smith Bob"], False),  # in order
+    ("Zarbo is a company founded by Bob Smithers.", ["Smith"], False),  # not inside a word
+    ("The Zarbo company", ["the"], False),  # a gold that normalises to nothing is never found
+    ("anything", [], False),
+])
+def test_answer_in_text_hand_values(text, golds, expected):
+    from rewards.metrics import answer_in_text
+
+    assert answer_in_text(text, golds) is expected
