@@ -20,7 +20,8 @@ __all__ = ["COMMANDS", "description", "main"]
 COMMANDS: tuple[str, ...] = (
     "learning", "trl_learning", "algorithms", "classic_rl", "evaluate", "real_model", "retrieval_recall",
     "suite", "env_overhead", "answer_turn", "retrieval_throughput", "dag_critical_path", "dag_parse_adversarial",
-    "rollout_overhead", "rollout_throughput", "async_rollouts", "grpo_step_vs_trl", "data_parallel", "memory_soak", "gpu_check",
+    "rollout_overhead", "rollout_throughput", "async_rollouts", "grpo_step_vs_trl", "data_parallel", "layouts", "memory_soak",
+    "gpu_check",
 )
 
 
