@@ -50,6 +50,10 @@ class EngineWithWeights(ABC):
     syncs: int
     dtype: str
     lora: bool
+    #: With several data-parallel ranks, its rollouts and syncs take no collective of the trainer's group (its
+    #: own agreements run on a group of their own), so a rollout may run ahead on a thread while an update
+    #: takes the trainer's collectives (``rollout.max_staleness`` 1 on ranks).
+    rolls_ahead_on_ranks: bool = False
 
     @abstractmethod
     def sync(self, weights: WeightSource | None = None) -> None:

@@ -32,6 +32,22 @@ worker loads them through its model runner's ``reload_weights``; the prefix cach
 values) are reset. A LoRA policy's servers hold the frozen base; each sync broadcasts the adapters alone,
 each worker writes them to a folder on its machine, and the server loads them under a new name
 (``/v1/load_lora_adapter``) that every later request asks for, the previous adapters unloaded.
+
+Data-parallel ranks (``run.backend`` fsdp or deepspeed under ``torchrun``; TRL's server mode, verl's rollout
+workers): every rank builds the engine at the same point, and rank 0 alone owns the servers and the weight
+group (it launches them or reaches ``engine.urls``) and tells the other ranks their URLs and served name
+(``broadcast_object_list``; a failure to start them is the same one line on every rank). Every rank sends its
+own rows' requests, a row to replica (its index in the whole batch) mod N, so generation is spread over all
+servers and, the request seeds being the in-process engine's, N ranks sample one process's episodes. A
+sync is entered by every rank at once: each reads ``rollout_weights()`` to the end (a sharded parameter's
+gather is a collective), rank 0 alone sends each tensor to the servers (each server takes the weights
+once), and no rank returns before rank 0 says the servers hold them (or why not: the same one line on
+every rank); the version counts up on every rank, and every rank's sync check scores the servers. These
+agreements run on a gloo group the engine makes of the ranks, apart from the trainer's group, so a rollout
+ahead on a thread of its own (``rollout.max_staleness 1``) never interleaves them with an update's
+collectives. Rank 0's servers listen on its loopback address when it launches them: ranks on several
+machines reach servers started by hand, by ``engine.urls`` (and the servers reach rank 0 at
+``engine.group_host``).
 """
 from __future__ import annotations
 
@@ -56,7 +72,8 @@ from agents.rollout.engines import EngineSetup, register_engine
 from agents.rollout.vllm_engine import CPU_KV_CACHE_GIB_MAX, VLLMAgent
 from agents.rollout.vllm_folder import write_model_folder
 from agents.rollout.vllm_server_process import (
-    Replica, RolloutServerError, free_port, open_weight_group, send_weights, server_command, stop_replicas,
+    Replica, RolloutServerError, broadcast_from_rank0, free_port, open_weight_group, send_weights, server_command,
+    stop_replicas, trainer_ranks,
 )
 
 __all__ = ["RolloutServerError", "ServerAgent", "VLLMServerEngine", "VLLMServerEngineOptions"]
@@ -125,6 +142,10 @@ def _cleanup(replicas: list[Replica], folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 class VLLMServerEngine(EngineWithWeights):
     """vLLM servers over ``policy``'s weights, kept in step with them (module docstring): an
     :class:`~agents.rollout.engine_weights.EngineWithWeights`.
@@ -147,6 +168,7 @@ class VLLMServerEngine(EngineWithWeights):
     decodes_trained_policy = False
     needs_policy = True
     reuse_logprobs = False
+    rolls_ahead_on_ranks = True
 
     def __init__(self, policy: HFPolicy, options: VLLMServerEngineOptions, *, max_model_len: int = 4096, seed: int = 0,
                  temperature: float = 1.0, top_p: float = 1.0) -> None:
@@ -169,20 +191,48 @@ class VLLMServerEngine(EngineWithWeights):
         #: The served model name that requests ask for (the adapters' name with LoRA, once loaded).
         self.model = ""
         self._adapter_ids = 0
+        #: The trainer's data-parallel ranks (module docstring): this process's rank, their number, and a gloo
+        #: group of their own for the engine's agreements (made here, at the same point on every rank).
+        self._rank, self._world, self._ranks = trainer_ranks()
+        try:
+            if self._rank == 0:
+                self._start_servers(max_model_len, seed)
+            self._share_servers()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_servers(self, max_model_len: int, seed: int) -> None:
+        """Launch the servers (or reach ``engine.urls``), learn the served name, form the weight group and,
+        with LoRA, send the first adapters: rank 0's part of building the engine."""
+        options = self.options
         try:
             if options.urls:
                 self._replicas += [Replica(i, url) for i, url in enumerate(options.urls)]
             else:
-                write_model_folder(policy, self._folder)
+                write_model_folder(self.policy, self._folder)
                 self._replicas += [self._launch(i, max_model_len, seed) for i in range(options.replicas)]
             self._wait_healthy()
             self.model = self._replicas[0].post("/v1/models", None, self.timeout_s)["data"][0]["id"]
             self._join_group()
             if self.lora:
                 self._send_adapters()
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            if self._world > 1:  # the other ranks wait for the servers' URLs: they end with this line too
+                broadcast_from_rank0(self._ranks, (_one_line(exc), [], ""))
             raise
+
+    def _share_servers(self) -> None:
+        """With several ranks, rank 0's replicas' URLs and served name on every rank (the other ranks send
+        their own rows' requests to the same servers); one line on every rank if rank 0 could not start them."""
+        if self._world == 1:
+            return
+        error, urls, model = broadcast_from_rank0(self._ranks, (None, self.urls, self.model))
+        if error is not None:
+            raise RolloutServerError(error)
+        if self._rank:
+            self._replicas += [Replica(i, url) for i, url in enumerate(urls)]
+            self.model = model
 
     @classmethod
     def build(cls, options: VLLMServerEngineOptions, setup: EngineSetup) -> VLLMServerEngine:
@@ -287,24 +337,44 @@ class VLLMServerEngine(EngineWithWeights):
     def sync(self, weights: Callable[..., Iterator[tuple[str, torch.Tensor]]] | None = None) -> None:
         """Send the policy's current weights (with LoRA, its adapters), or those ``weights`` yields (a snapshot
         of earlier ones: ``rollout.max_staleness`` 2 and more), to every replica and reset their prefix
-        caches; the weights version goes up by one."""
+        caches; the weights version goes up by one. With several ranks every rank calls it at once: each reads
+        the weights (a sharded parameter's gather is a collective), rank 0 alone sends them, and no rank
+        returns before the servers hold them (a failure is one line on every rank)."""
         source = self._weights if weights is None else weights
-        if self.lora:
-            self._send_adapters(source)
+        error = None
+        if self._rank == 0:
+            try:
+                if self.lora:
+                    self._send_adapters(source)
+                else:
+                    self._broadcast("receive_weights", [], source())
+                self._each(lambda r: r.post("/reset_prefix_cache", {}, self.timeout_s))
+            except RolloutServerError as exc:
+                if self._world == 1:
+                    raise
+                error = str(exc)
         else:
-            self._broadcast("receive_weights", [], source())
-        self._each(lambda r: r.post("/reset_prefix_cache", {}, self.timeout_s))
+            for _ in source(adapters=self.lora) if self.lora else source():  # every rank enters the gathers
+                pass
+        if self._world > 1:
+            error, self.model = broadcast_from_rank0(self._ranks, (error, self.model))
+            if error is not None:
+                raise RolloutServerError(error)
         self.syncs += 1
         self.version += 1
         self.stale = False
 
     def _broadcast(self, method: str, args: list[str], weights: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
-        """Have every worker run ``method`` (which receives) while this process broadcasts ``weights``."""
+        """Have every worker run ``method`` (which receives) while this process broadcasts ``weights``; on a
+        failure the rest of ``weights`` is still read, so that the other ranks' gathers are matched."""
         futures = [self._pool.submit(r.rpc, method, args, self.timeout_s) for r in self._replicas]
         device = self._device if self._device.type == "cuda" else "cpu"
         try:
             send_weights(self._group, weights, device)
         except Exception as exc:
+            if self._world > 1:
+                for _ in weights:
+                    pass
             wait(futures, timeout=self.timeout_s)
             failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
             gone = [f"{r.name()} {r.exited()}" for r in self._replicas if r.exited()]

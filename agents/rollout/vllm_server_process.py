@@ -1,5 +1,7 @@
 """What runs beside a vLLM rollout server: its launcher, the weight receiver inside its worker, and the
-trainer's handle on each server process (:class:`Replica`: its requests, its failures as one line, its end).
+trainer's handle on each server process (:class:`Replica`: its requests, its failures as one line, its end),
+and how data-parallel trainer ranks agree on them (:func:`trainer_ranks`, :func:`broadcast_from_rank0`: rank 0
+owns the servers).
 
 This module is imported by both sides of :mod:`agents.rollout.vllm_server_engine`: the trainer (which
 sends weights with :func:`send_weights`) and the server's Python (vLLM's own virtualenv, where vLLM imports
@@ -47,8 +49,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-__all__ = ["Replica", "RolloutServerError", "WeightGroup", "WeightReceiver", "free_port", "stop_replicas", "open_weight_group",
-           "receive_weights", "send_weights", "server_command"]
+__all__ = ["Replica", "RolloutServerError", "WeightGroup", "WeightReceiver", "broadcast_from_rank0", "free_port",
+           "open_weight_group", "receive_weights", "send_weights", "server_command", "stop_replicas", "trainer_ranks"]
 
 #: Header layout: kind, dtype code, number of dims, name length, then up to MAX_DIMS sizes.
 MAX_DIMS = 8
@@ -175,6 +177,23 @@ class WeightReceiver:
 
 class RolloutServerError(ConnectionError):
     """A rollout server failed a request, stopped answering or exited: the one-line message names it."""
+
+
+def trainer_ranks() -> tuple[int, int, Any]:
+    """This process's data-parallel rank, the number of ranks, and (with several) a new gloo group of them
+    all, apart from the trainer's own group: the engine's agreements may run on a rollout's thread while an
+    update takes collectives on the trainer's group (``rollout.max_staleness``)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 0, 1, None
+    return dist.get_rank(), dist.get_world_size(), dist.new_group(backend="gloo")
+
+
+def broadcast_from_rank0(group: Any, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank of ``group``."""
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0, group=group)
+    return box[0]
 
 
 def free_port() -> int:

@@ -39,9 +39,18 @@ Each step's rollout records the version (the steps done) of the weights that sam
 rollout began, after the one before it), and the main thread's part of the sync (``time/weight_sync``: the
 sync itself, or taking the snapshot with K >= 2).
 
+Data-parallel ranks: each rank runs the pipeline over its own rows, in step with the others, which only an
+engine whose rollouts take no collective of the trainer's group can do
+(:attr:`~agents.rollout.engine_weights.EngineWithWeights.rolls_ahead_on_ranks`: the vllm-server engine, whose
+agreements between ranks run on a group of its own), and only one step ahead (:func:`ranks_refusal`): the
+syncs stay on the main thread, where K = 1 puts them, and a rollout's own collectives (dynamic sampling's
+"is any rank short?") go over a second gloo group that the rollout driver makes of the ranks. A snapshot's
+sync on the rollout's thread (K >= 2) is refused on ranks: no test covers it there.
+
 Checkpoints: the rollouts in flight are finished and saved in the checkpoint
-(:meth:`AsyncRollouts.state_dict`). They were sampled by weights a resumed run no longer has, so they could
-not be regenerated; with them, a run stopped and resumed takes the steps of a run straight through.
+(:meth:`AsyncRollouts.state_dict`; with several ranks each rank's own, gathered for rank 0 to write). They
+were sampled by weights a resumed run no longer has, so they could not be regenerated; with them, a run
+stopped and resumed takes the steps of a run straight through.
 
 Failures: an error of a background rollout (a dead server: one line naming the replica; a snapshot's sync
 that fails its check) is raised on the main thread when the step takes its episodes or the pipeline settles,
@@ -66,7 +75,7 @@ from agents.rollout.engines import lookup_engine
 from search_env.trajectory import Span, ToolCall, Trajectory
 
 __all__ = ["AsyncRollouts", "DeferredSteps", "StepRollout", "WeightsSnapshot", "attach_engine", "check_staleness_engine",
-           "staleness_refusal"]
+           "ranks_refusal", "staleness_refusal"]
 
 #: What rolling out one step gives (``RolloutDriver.roll_out``): every episode, the batch, timings, rounds.
 RolloutParts = tuple[list[Trajectory], TrainBatch, RolloutTimings, int]
@@ -350,16 +359,17 @@ def attach_engine(engine: Any, backend: Any, *, max_staleness: int, steps: int, 
     Raises:
         ValueError: ``max_staleness`` 1 or more with an engine that holds no copy of the weights of its own
             (no :class:`~agents.rollout.engine_weights.EngineWithWeights`: one that decodes the trained policy
-            itself sees its weights change under the rollout) or with several data-parallel ranks (their
-            rollouts and updates take collectives in step, which a rollout ahead would interleave).
+            itself sees its weights change under the rollout), or on several data-parallel ranks with what
+            :func:`ranks_refusal` refuses.
     """
     if not max_staleness:
         engine.attach(backend)
         return None
     if not isinstance(engine, EngineWithWeights):
         raise ValueError(staleness_refusal(max_staleness, type(engine)))
-    if backend.world_size > 1:
-        raise ValueError(f"rollout.max_staleness {max_staleness} runs on one process; got {backend.world_size} ranks")
+    refusal = ranks_refusal(max_staleness, type(engine), backend.world_size)
+    if refusal:
+        raise ValueError(refusal)
     deferred = DeferredSteps(backend)
     engine.attach(deferred)
 
@@ -375,6 +385,24 @@ def check_staleness_engine(max_staleness: int, name: str) -> None:
     engine = lookup_engine(name).engine
     if max_staleness and not holds_own_weights(engine):
         raise ValueError(staleness_refusal(max_staleness, engine, name))
+
+
+def ranks_refusal(max_staleness: int, engine: type, ranks: int, name: str | None = None) -> str | None:
+    """The one line that refuses ``rollout.max_staleness`` on ``ranks`` data-parallel ranks, or ``None``:
+    on several ranks only an engine whose rollouts and syncs take no collective of the trainer's group
+    (:attr:`~agents.rollout.engine_weights.EngineWithWeights.rolls_ahead_on_ranks`: vllm-server) may run a
+    rollout ahead, and only one step ahead (2 and more would sync snapshots on the rollout's thread, which
+    no multi-rank test covers)."""
+    if ranks <= 1 or not max_staleness:
+        return None
+    named = engine.__name__ if name is None else f"rollout.engine {name}"
+    if not getattr(engine, "rolls_ahead_on_ranks", False):
+        return (f"rollout.max_staleness {max_staleness} on {ranks} ranks needs rollout.engine vllm-server ({named} "
+                "takes collectives of the trainer's group as it rolls out): drop it, or run one process")
+    if max_staleness > 1:
+        return (f"rollout.max_staleness {max_staleness} on {ranks} ranks: at most 1 on several ranks; use 1, or run "
+                "one process")
+    return None
 
 
 def staleness_refusal(max_staleness: int, engine: type, name: str | None = None) -> str:

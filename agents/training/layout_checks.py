@@ -2,21 +2,25 @@
 when the run's config is, so that a combination that cannot run ends in one line before any model loads.
 
 Run (tested on CPU ranks over gloo): one process with any engine; data-parallel ranks (``run.backend`` fsdp,
-deepspeed at ZeRO-2 or ZeRO-3, under ``torchrun``) with the HF sampler or the in-process vLLM engine colocated on
-every rank (each rank its own engine, synced from the gathered weights one tensor at a time), LoRA adapters
-included (the engines serve them on their frozen base).
+deepspeed at ZeRO-2 or ZeRO-3, under ``torchrun``) with the HF sampler, the in-process vLLM engine colocated on
+every rank (each rank its own engine, synced from the gathered weights one tensor at a time), or vLLM servers
+(``rollout.engine vllm-server``: rank 0 launches or reaches them and sends them the weights, every rank sends
+its own rows' requests), LoRA adapters included (the engines serve them on their frozen base); and on ranks
+with ``rollout.max_staleness 1`` on vLLM servers (the rollouts' collectives on a group of their own).
 
-Refused: the vLLM server engine on several ranks (its servers take one trainer's rows and weights: each rank
-would start servers of its own and open the same weight group); an engine that holds no weights of its own
-with ``rollout.max_staleness`` (nothing to keep a rollout ahead on), and ``rollout.max_staleness`` on several
-ranks (their rollouts and updates take collectives in step, which a rollout ahead on a thread of its own would
-interleave).
+Refused: an engine that holds no weights of its own with ``rollout.max_staleness`` (nothing to keep a
+rollout ahead on); ``rollout.max_staleness`` on several ranks with an engine other than vllm-server (the
+colocated engine's rollouts share the trainer's group and device with the update), or above 1 there (a
+snapshot's sync on the rollout's thread is untested on ranks); servers the engine launches itself (no
+``engine.urls``) when the ranks span machines (they listen on rank 0's loopback address).
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from agents.training.async_rollout import check_staleness_engine
+from agents.rollout.engines import lookup_engine
+from agents.training.async_rollout import check_staleness_engine, ranks_refusal
 from agents.training.backends.distributed import launcher_world_size
 
 if TYPE_CHECKING:
@@ -28,14 +32,15 @@ __all__ = ["check_layout"]
 def check_layout(config: TrainConfig) -> None:
     """Raise ``ValueError`` (one line) when ``config``, launched as this process was (``WORLD_SIZE`` ranks),
     asks for a layout that cannot run (module docstring)."""
-    ranks = launcher_world_size()
-    if ranks > 1 and config.rollout.engine == "vllm-server":
-        raise ValueError(f"rollout.engine vllm-server serves one trainer process; this launch has {ranks} ranks: use "
-                         "rollout.engine vllm (an engine on every rank) or run one process")
+    ranks, here = launcher_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if config.rollout.engine == "vllm-server" and not getattr(config.engine, "urls", None) and 0 < here < ranks:
+        raise ValueError(f"rollout.engine vllm-server launches its servers on rank 0's machine (127.0.0.1), which "
+                         f"the ranks of the other machines cannot reach ({ranks} ranks, {here} here): start them with "
+                         "python -m agents.rollout.vllm_server_process and give engine.urls and engine.group_host")
     staleness = config.rollout.max_staleness
     if not staleness:
         return
     check_staleness_engine(staleness, config.rollout.engine)
-    if ranks > 1:
-        raise ValueError(f"rollout.max_staleness {staleness} runs on one process; this launch has {ranks} ranks "
-                         "(their rollouts and updates take collectives in step): drop it, or run one process")
+    refusal = ranks_refusal(staleness, lookup_engine(config.rollout.engine).engine, ranks, config.rollout.engine)
+    if refusal:
+        raise ValueError(refusal)

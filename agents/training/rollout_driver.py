@@ -68,6 +68,11 @@ class RolloutDriver:
             self.engine, backend, max_staleness=config.rollout.max_staleness, steps=config.run.steps,
             roll_out=self.roll_out, ready=self.ready,
             reference=lambda: None if self.sync_check is None else self.probe_logprobs(self.sync_check.probe))
+        #: With rollouts ahead on several ranks, a gloo group of the ranks for the rollouts' own collectives (made
+        #: here, at the same point on every rank): a rollout on its thread then never takes a collective of the
+        #: trainer's group, which the update on the main thread uses at the same time.
+        self._rollout_group = (torch.distributed.new_group(backend="gloo")
+                               if self.pipeline is not None and backend.world_size > 1 else None)
         self._worker: EnvWorker | None = None
         self._engine_closed = False
 
@@ -149,7 +154,7 @@ class RolloutDriver:
             groups += [g for g in dict.fromkeys(batch.group_ids) if g not in groups]
             # Every rank takes the same rounds (the data order, and a sharded policy's gathers, stay in step):
             # another round while any rank is short of its groups.
-            if float(self.backend.all_reduce_sum(torch.tensor(float(len(groups) < wanted)))) == 0:
+            if not self._any_rank(len(groups) < wanted):
                 break
         if len(kept) == 1 or not groups:  # one rollout's questions are at most ``wanted`` groups
             return trajectories, kept[0], timings, len(kept)
@@ -158,6 +163,14 @@ class RolloutDriver:
         logprobs = [sampled[id(t)] for t, _ in rows] if all(id(t) in sampled for t, _ in rows) else None
         batch = build_batch([t for t, _ in rows], [g for _, g in rows], pad, logprobs)
         return trajectories, batch, timings, len(kept)
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (on the rollouts' own group when they run ahead)."""
+        count = torch.tensor(float(flag))
+        if self._rollout_group is None:
+            return float(self.backend.all_reduce_sum(count)) > 0
+        torch.distributed.all_reduce(count, group=self._rollout_group)
+        return float(count) > 0
 
     @property
     def reuses_logprobs(self) -> bool:
@@ -219,13 +232,28 @@ class RolloutDriver:
     # -- checkpoints and the end ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds of the rollouts: with ``rollout.max_staleness``, the next steps' episodes
-        (finished first) as ``rollout_ahead``; nothing otherwise."""
-        return {} if self.pipeline is None else {"rollout_ahead": self.pipeline.state_dict()}
+        (finished first) as ``rollout_ahead``; with several ranks every rank's own, as ``rollout_ahead_ranks``
+        (a list by rank, gathered on every rank: rank 0 alone writes the checkpoint); nothing otherwise."""
+        if self.pipeline is None:
+            return {}
+        ahead = self.pipeline.state_dict()
+        if self.backend.world_size == 1:
+            return {"rollout_ahead": ahead}
+        return {"rollout_ahead_ranks": self.backend.all_gather_object(ahead)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Take the rollouts ahead that :meth:`state_dict` wrote (a checkpoint without them leaves none)."""
-        if self.pipeline is not None:
-            self.pipeline.load_state_dict(state.get("rollout_ahead"))
+        """Take the rollouts ahead that :meth:`state_dict` wrote (a checkpoint without them leaves none; with
+        several ranks, this rank's own). A checkpoint whose rollouts ahead were split over another number of
+        ranks is refused in one line: they hold other rows."""
+        if self.pipeline is None:
+            return
+        world = self.backend.world_size
+        ranks = state.get("rollout_ahead_ranks")
+        saved = len(ranks) if ranks is not None else (1 if state.get("rollout_ahead") else world)
+        if saved != world:
+            raise ValueError(f"the checkpoint's rollouts ahead were made on {saved} rank(s), this run has {world}: "
+                             f"resume on {saved}")
+        self.pipeline.load_state_dict(state.get("rollout_ahead") if ranks is None else ranks[self.backend.rank])
 
     def close(self) -> None:
         """Wait for a rollout in flight and stop the environment worker, if one runs (a later rollout starts
