@@ -1,11 +1,11 @@
 """Data-parallel ranks with vLLM servers (the disaggregated layout: TRL's server mode, verl's rollout workers),
 in the vLLM virtualenv on two CPU ranks (``torchrun``, gloo). Rank 0 owns the servers and their weight group;
 every rank sends its own rows' requests, a row to replica (its global index) mod N. One ``agents.train``
-command samples the same episodes as one process and ends at its parameters (FSDP2 on two servers the module
-started, ZeRO-3 on one server its rank 0 launched), each rank checking every sync; one step ahead
-(``rollout.max_staleness 1``) on two ranks, stopped after step 1 and resumed, takes the one process's steps;
-and a server killed between steps ends both ranks with the same one ``error:`` line naming it, nothing left
-running.
+command samples the same episodes as one process and ends at its parameters (FSDP2 on two servers, ZeRO-3
+on one), each rank checking every sync; one step ahead (``rollout.max_staleness 1``) on two ranks, stopped
+after step 1 and resumed, takes the one process's steps; and with a server that rank 0 launched (its URL
+told to rank 1), killed between steps, both ranks end with the same one ``error:`` line naming it, nothing
+left running.
 
 The runs share one module fixture, one after another, and two servers the module starts once (each run
 reaches them by ``engine.urls`` and joins their weight group anew)."""
@@ -73,8 +73,8 @@ def servers(vllm_python, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(vllm_python, servers, tmp_path_factory) -> Path:
-    """One process and two ranks, synchronous (``one``, ``fsdp`` on both servers, ``zero3`` on one server
-    launched by its rank 0) and one step ahead (``one-ahead``; ``fsdp-ahead`` stopped after step 1, then
+    """One process and two ranks, synchronous (``one``, ``fsdp`` on both servers, ``zero3`` on the first)
+    and one step ahead (``one-ahead``; ``fsdp-ahead`` stopped after step 1, then
     resumed), one after another."""
     out = tmp_path_factory.mktemp("server-ranks")
     engine = ("--engine.python", vllm_python)
@@ -82,7 +82,7 @@ def runs(vllm_python, servers, tmp_path_factory) -> Path:
         one = subprocess.run([vllm_python, "-m", "agents.train", *COMMAND, *engine, *flags, "--run.output_dir",
                               str(out / name)], cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=600)
         assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-6000:]
-    ranks = {"fsdp": (*FSDP, *_urls(servers)), "zero3": (*ZERO3, "--engine.replicas", "1"),
+    ranks = {"fsdp": (*FSDP, *_urls(servers)), "zero3": (*ZERO3, *_urls(servers[:1])),
              "fsdp-ahead": (*FSDP, *_urls(servers), *AHEAD, "--run.stop_after", "1")}
     for name, flags in ranks.items():
         torchrun(2, "-m", "agents.train", *COMMAND, *engine, *flags, "--run.output_dir", str(out / name),
