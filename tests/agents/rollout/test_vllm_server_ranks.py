@@ -2,10 +2,10 @@
 in the vLLM virtualenv on two CPU ranks (``torchrun``, gloo). Rank 0 owns the servers and their weight group;
 every rank sends its own rows' requests, a row to replica (its global index) mod N. One ``agents.train``
 command samples the same episodes as one process and ends at its parameters (FSDP2 on two servers, ZeRO-3
-on one), each rank checking every sync; one step ahead (``rollout.max_staleness 1``) on two ranks, stopped
-after step 1 and resumed, takes the one process's steps; and with a server that rank 0 launched (its URL
-told to rank 1), killed between steps, both ranks end with the same one ``error:`` line naming it, nothing
-left running.
+on one), each rank checking every sync; one step ahead (``rollout.max_staleness 1``) on two ZeRO-3 ranks,
+stopped after step 1 and resumed, takes the one process's steps; and on two ZeRO-2 ranks with a server that
+rank 0 launched (its URL told to rank 1), killed between steps, both ranks end with the same one ``error:``
+line naming it, nothing left running.
 
 The runs share one module fixture, one after another, and two servers the module starts once (each run
 reaches them by ``engine.urls`` and joins their weight group anew)."""
@@ -74,7 +74,7 @@ def servers(vllm_python, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(vllm_python, servers, tmp_path_factory) -> Path:
     """One process and two ranks, synchronous (``one``, ``fsdp`` on both servers, ``zero3`` on the first)
-    and one step ahead (``one-ahead``; ``fsdp-ahead`` stopped after step 1, then
+    and one step ahead (``one-ahead``; ``zero3-ahead`` stopped after step 1, then
     resumed), one after another."""
     out = tmp_path_factory.mktemp("server-ranks")
     engine = ("--engine.python", vllm_python)
@@ -83,12 +83,12 @@ def runs(vllm_python, servers, tmp_path_factory) -> Path:
                               str(out / name)], cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=600)
         assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-6000:]
     ranks = {"fsdp": (*FSDP, *_urls(servers)), "zero3": (*ZERO3, *_urls(servers[:1])),
-             "fsdp-ahead": (*FSDP, *_urls(servers), *AHEAD, "--run.stop_after", "1")}
+             "zero3-ahead": (*ZERO3, *_urls(servers), *AHEAD, "--run.stop_after", "1")}
     for name, flags in ranks.items():
         torchrun(2, "-m", "agents.train", *COMMAND, *engine, *flags, "--run.output_dir", str(out / name),
                  python=vllm_python)
-    torchrun(2, "-m", "agents.train", *COMMAND, *engine, *FSDP, *_urls(servers), *AHEAD, "--run.resume", "true",
-             "--run.output_dir", str(out / "fsdp-ahead"), python=vllm_python)
+    torchrun(2, "-m", "agents.train", *COMMAND, *engine, *ZERO3, *_urls(servers), *AHEAD, "--run.resume", "true",
+             "--run.output_dir", str(out / "zero3-ahead"), python=vllm_python)
     return out
 
 
@@ -119,11 +119,11 @@ def test_two_ranks_on_servers_sample_the_one_process_episodes_and_end_at_its_par
 
 
 def test_two_ranks_one_step_ahead_stopped_and_resumed_take_the_one_process_steps(runs):
-    ranks = _lines(runs / "fsdp-ahead" / "metrics.jsonl")
+    ranks = _lines(runs / "zero3-ahead" / "metrics.jsonl")
     assert [m["rollout/staleness_max"] for m in ranks] == [0.0, 1.0, 1.0]
     # Step 2's episodes came from each rank's own rollout ahead in the checkpoint; step 3's from weights the
     # resumed run synced to the servers.
-    _same_steps(runs / "one-ahead", runs / "fsdp-ahead", [1, 2, 3])
+    _same_steps(runs / "one-ahead", runs / "zero3-ahead", [1, 2, 3])
 
 
 #: The trainer's rank 0 kills its server (the whole process group) as step 2's weight sync starts, after
@@ -161,7 +161,7 @@ def test_a_server_killed_between_steps_ends_both_ranks_in_one_line_and_leaves_no
     script.write_text(KILLER)
     command = [vllm_python, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), str(script), str(pids), *COMMAND, "--engine.python", vllm_python,
-               *FSDP, "--run.output_dir", str(tmp_path / "run")]
+               "--run.backend", "deepspeed", "--backend.zero_stage", "2", "--run.output_dir", str(tmp_path / "run")]
     done = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode != 0 and pids.exists(), done.stderr[-6000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
