@@ -47,9 +47,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A time limit for slow tests; and the modules that need a side virtualenv last, in their order, so
+    that on a fresh machine its background build (:mod:`tests.side_venvs`) overlaps the other tests
+    instead of being waited for by the first of them (a module moves whole: its fixtures are set up once)."""
+    from tests.side_venvs import side_venv_modules_last
+
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    items[:] = side_venv_modules_last(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

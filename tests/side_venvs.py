@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["BackgroundBuild", "scripts_for"]
+__all__ = ["BackgroundBuild", "scripts_for", "side_venv_modules_last"]
 
 SCRIPTS = Path(__file__).resolve().parents[1] / ".ci"
 
@@ -27,6 +27,14 @@ def scripts_for(items: Iterable[pytest.Item]) -> list[str]:
         names += list(getattr(getattr(item, "module", None), "VENV_SCRIPTS", ()))
         wanted += [name for name in names if name not in wanted]
     return wanted
+
+
+def side_venv_modules_last(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with the test modules that need a side venv after all others, each part in its order: the
+    build then overlaps the other tests instead of being waited for by the first test that needs it. A
+    module moves whole (by its path in the node id), so its fixtures are still set up once."""
+    late = {item.nodeid.split("::")[0] for item in items if scripts_for([item])}
+    return sorted(items, key=lambda item: item.nodeid.split("::")[0] in late)
 
 
 class BackgroundBuild:

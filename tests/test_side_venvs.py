@@ -6,12 +6,13 @@ import os
 import time
 from types import SimpleNamespace
 
-from tests.side_venvs import BackgroundBuild, scripts_for
+from tests.side_venvs import BackgroundBuild, scripts_for, side_venv_modules_last
 
 
 class _Item:
-    def __init__(self, vllm: bool, scripts: tuple[str, ...] = ()) -> None:
+    def __init__(self, vllm: bool, scripts: tuple[str, ...] = (), nodeid: str = "tests/test_x.py::test") -> None:
         self._vllm, self.module = vllm, SimpleNamespace(VENV_SCRIPTS=scripts) if scripts else None
+        self.nodeid = nodeid
 
     def get_closest_marker(self, name: str):
         return object() if name == "vllm" and self._vllm else None
@@ -22,6 +23,16 @@ def test_the_scripts_are_the_selected_tests_in_their_order_once_each():
              _Item(False, ("gem_venv.sh",))]
     assert scripts_for(items) == ["gem_venv.sh", "vllm_venv.sh", "verl_venv.sh"]
     assert scripts_for([_Item(False)]) == []
+
+
+def test_modules_that_need_a_venv_go_last_whole_and_in_order():
+    plain_a, plain_b = _Item(False, nodeid="tests/a.py::t1"), _Item(False, nodeid="tests/b.py::t")
+    vllm_one = _Item(True, nodeid="tests/v.py::t1")
+    vllm_same_module = _Item(False, nodeid="tests/v.py::t2")  # not marked, but its module needs the venv
+    gem = _Item(False, ("gem_venv.sh",), nodeid="tests/g.py::t")
+    plain_a2 = _Item(False, nodeid="tests/a.py::t2")
+    items = [vllm_one, vllm_same_module, plain_a, gem, plain_a2, plain_b]
+    assert side_venv_modules_last(items) == [plain_a, plain_a2, plain_b, vllm_one, vllm_same_module, gem]
 
 
 def _wait_for(path, timeout_s: float = 20.0) -> None:
