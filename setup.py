@@ -40,6 +40,9 @@ EXTRAS = {
     "verl": ["verl>=0.9.1"],  # search_env.integrations.verl_tool (the rewards and data files need no verl)
     "wandb": ["wandb>=0.17"],  # run.report_to: wandb (offline unless WANDB_MODE says otherwise)
     "mcp": ["mcp>=2.3"],  # search_env.sources.mcp: an MCP server's tool as a source (MCPServer is mcp 2's FastMCP)
+    # The documentation site (docs/): Sphinx renders the Google-style docstrings and their :class: roles,
+    # MyST lets the pages be Markdown, furo is the theme.
+    "docs": ["sphinx>=7", "myst-parser>=3", "furo>=2024.1"],
     # ruff: the conventions ruff.toml sets, checked by tests/test_conventions.py (0.6 is the oldest release
     # the checks were run with; it and 0.17 report the same).
     "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6"],

@@ -1,0 +1,42 @@
+"""Every key a run writes to ``metrics.jsonl`` has an entry in :mod:`agents.training.metric_keys`, the list the
+documentation's metrics glossary is generated from: a new key without one fails here."""
+from __future__ import annotations
+
+import pytest
+
+from agents.training.metric_keys import METRIC_KEYS, describe
+from tests.agents.training.tiny import records, run, small_config
+
+
+def test_every_key_of_a_tiny_run_has_an_entry(tmp_path):
+    # GRPO with a warm start and an evaluation every step: the episode, update, time, warm-start and eval keys.
+    config = small_config("grpo", tmp_path / "run", {"eval.every": 1, "warm_start.steps": 1})
+    run(config)
+    logged = {key for record in records(tmp_path / "run" / "metrics.jsonl") for key in record}
+    assert {"step", "loss/total", "time/step", "eval/greedy/em"} <= logged  # the run logged what it should
+    missing = sorted(key for key in logged if not _has_entry(key))
+    assert not missing, f"logged metrics without an entry in agents.training.metric_keys: {missing}"
+
+
+def _has_entry(key: str) -> bool:
+    try:
+        describe(key)
+    except KeyError:
+        return False
+    return True
+
+
+def test_a_family_matches_one_segment_and_an_exact_entry_wins():
+    assert describe("eval/sampled/f1").pattern == "eval/{decoding}/f1"
+    assert describe("rollout/logprob_gap_turn2_max").pattern == "rollout/logprob_gap_turn{turn}_max"
+    assert describe("reward").pattern == "reward"
+    with pytest.raises(KeyError, match="no entry"):
+        describe("eval/a/b/em")  # {decoding} is one segment
+    with pytest.raises(KeyError, match="no entry"):
+        describe("time/unheard_of")
+
+
+def test_entries_are_unique_and_complete():
+    patterns = [entry.pattern for entry in METRIC_KEYS]
+    assert len(patterns) == len(set(patterns))
+    assert all(entry.meaning.endswith(".") and entry.unit for entry in METRIC_KEYS)
