@@ -55,9 +55,11 @@ METRIC_KEYS: tuple[MetricKey, ...] = (
     MetricKey("rollout/logprob_gap_max", "Largest such difference in the step.", "nats"),
     MetricKey("rollout/logprob_gap_turn{turn}_mean", "The mean engine/trainer log-prob gap over the tokens of search turn {turn}.", "nats"),
     MetricKey("rollout/logprob_gap_turn{turn}_max", "The largest engine/trainer log-prob gap in search turn {turn}.", "nats"),
-    MetricKey("rollout/sync_gap", "After a weight sync, the largest log-prob difference on a fixed probe between the engine and the trainer (``rollout.sync_check``).", "nats"),
+    MetricKey("rollout/sync_gap", "After a weight sync, the largest log-prob difference on a fixed probe between the engine "
+              "and the trainer (``rollout.sync_check``).", "nats"),
     MetricKey("rollout/sync_gap_rank{rank}", "The sync gap measured by data-parallel rank {rank}.", "nats"),
-    MetricKey("rollout/staleness_mean", "How many optimiser steps behind the trained weights the step's episodes were sampled (``rollout.max_staleness``), mean.", "steps"),
+    MetricKey("rollout/staleness_mean", "How many optimiser steps behind the trained weights the step's episodes were sampled "
+              "(``rollout.max_staleness``), mean.", "steps"),
     MetricKey("rollout/staleness_max", "The same, largest in the step.", "steps"),
     # Advantages and the update.
     MetricKey("score/mean", "The score the advantages are computed from (the reward, shaped by the algorithm), mean over rows.", "reward"),
@@ -65,7 +67,8 @@ METRIC_KEYS: tuple[MetricKey, ...] = (
     MetricKey("advantage/mean", "Mean advantage over the trained rows.", "advantage"),
     MetricKey("advantage/std", "Standard deviation of the advantages.", "advantage"),
     MetricKey("groups/informative_frac", "Share of the question groups whose samples' scores differ (the others give zero advantage).", "share"),
-    MetricKey("gigpo/shared_turn_frac", "GiGPO: share of later turns whose anchor state is shared by another episode (the step-level comparison had something to compare).", "share"),
+    MetricKey("gigpo/shared_turn_frac", "GiGPO: share of later turns whose anchor state is shared by another episode (the "
+              "step-level comparison had something to compare).", "share"),
     MetricKey("return/mean", "PPO: mean return the value head is fitted to.", "reward"),
     MetricKey("value/mean", "PPO: mean predicted value.", "reward"),
     MetricKey("value/clip_frac", "PPO: share of tokens whose value update was clipped.", "share"),
