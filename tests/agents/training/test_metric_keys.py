@@ -8,12 +8,15 @@ from agents.training.metric_keys import METRIC_KEYS, describe
 from tests.agents.training.tiny import records, run, small_config
 
 
-def test_every_key_of_a_tiny_run_has_an_entry(tmp_path):
-    # GRPO with a warm start and an evaluation every step: the episode, update, time, warm-start and eval keys.
-    config = small_config("grpo", tmp_path / "run", {"eval.every": 1, "warm_start.steps": 1})
+@pytest.mark.parametrize("algo, own_keys", [("grpo", {"warm_start/loss_last", "groups/informative_frac"}),
+                                             ("ppo", {"loss/value", "value/mean"}), ("gigpo", {"gigpo/shared_turn_frac"})])
+def test_every_key_of_a_tiny_run_has_an_entry(tmp_path, algo, own_keys):
+    # A warm start and an evaluation every step: the episode, update, time, warm-start and eval keys, and the
+    # algorithm's own (PPO's critic, GiGPO's turn groups).
+    config = small_config(algo, tmp_path / "run", {"eval.every": 1, "warm_start.steps": 1})
     run(config)
     logged = {key for record in records(tmp_path / "run" / "metrics.jsonl") for key in record}
-    assert {"step", "loss/total", "time/step", "eval/greedy/em"} <= logged  # the run logged what it should
+    assert {"step", "loss/total", "time/step", "eval/greedy/em", *own_keys} <= logged  # the run logged what it should
     missing = sorted(key for key in logged if not _has_entry(key))
     assert not missing, f"logged metrics without an entry in agents.training.metric_keys: {missing}"
 
