@@ -1,5 +1,6 @@
 """The documentation site builds with warnings as errors, and its generated reference pages list what the
-code defines: every ``agents.train`` option of the config groups and every metrics-glossary entry."""
+code defines: every ``agents.train`` option of the config groups, every metrics-glossary entry and every
+registered protocol."""
 from __future__ import annotations
 
 import dataclasses
@@ -49,6 +50,14 @@ def test_the_glossary_lists_every_metric_entry(site):
     text = _text(site / "reference" / "metrics.html")
     assert "time/step" in text and "eval/{decoding}/em" in text
     assert [entry.pattern for entry in METRIC_KEYS if entry.pattern not in text] == []
+
+
+def test_the_protocols_table_lists_every_registered_protocol(site):
+    from search_env.protocols import available_protocols, get_protocol
+
+    text = _text(site / "reference" / "protocols.html")
+    assert "<|begin_of_query|>" in text  # r1-searcher's call tag, its | kept inside the table cell
+    assert [name for name in available_protocols() if name not in text or get_protocol(name).call_open not in text] == []
 
 
 def test_the_pages_are_built(site):

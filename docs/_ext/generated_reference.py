@@ -5,8 +5,9 @@
   once for the default choices and once per registered algorithm, rollout engine and backend for the group
   that choice decides. Nothing is copied by hand, so a new field appears on the next build.
 * ``reference/metrics.md``: the metrics glossary, from :data:`agents.training.metric_keys.METRIC_KEYS`.
+* ``reference/protocols.md``: the protocols table, from the protocols :mod:`search_env.protocols` registers.
 
-Both files are build outputs (ignored by git).
+These files are build outputs (ignored by git).
 """
 from __future__ import annotations
 
@@ -98,11 +99,38 @@ def metrics_page() -> str:
         "| Key | Meaning | Unit |", "| --- | --- | --- |", *rows, ""])
 
 
+def _cell(text: str | None) -> str:
+    """``text`` as a code span in a Markdown table cell (``|`` escaped, as tables require); ``-`` for none."""
+    return f"`{text.replace('|', chr(92) + '|')}`" if text else "-"
+
+
+def protocols_page() -> str:
+    """The Markdown of the protocols table, from the protocols registered by name."""
+    from search_env.protocols import available_protocols, get_protocol
+
+    rows = []
+    for name in available_protocols():
+        dialect = get_protocol(name)
+        turns = "unlimited" if dialect.max_turns is None else dialect.max_turns
+        rows.append(f"| `{name}` | {dialect.call_kind} | {_cell(dialect.call_open)} {_cell(dialect.call_close)} | "
+                    f"{_cell(dialect.answer_open)} {_cell(dialect.answer_close)} | {_cell(dialect.result_open)} "
+                    f"{_cell(dialect.result_close)} | `{dialect.reward}` | {turns} | {dialect.top_k} |")
+    return "\n".join([
+        "# Protocols", "",
+        "The protocols registered by name (`env.protocol`, `gym.make(\"SearchQA-v0\", protocol=...)`), generated from "
+        "`search_env.protocols`. Call kind: `query` (one query per call), `dag` (an NL-DAG plan of sub-queries) or "
+        "`tools` (native tool calls, read when the agent's turn ends; the tags shown are the call format's). "
+        "Max turns: searches allowed per episode; top k: passages per query. The reward is the default preset "
+        "(`env.reward` overrides it).", "",
+        "| Protocol | Call kind | Search call | Answer | Results | Default reward | Max turns | Top k |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
+
+
 def write_pages(app: Any) -> None:
     """Sphinx ``builder-inited`` hook: (re)write the generated pages, only when their text changed (so an
     unchanged page is not rebuilt)."""
     folder = Path(app.srcdir) / "reference"
-    for name, text in (("cli.md", cli_page()), ("metrics.md", metrics_page())):
+    for name, text in (("cli.md", cli_page()), ("metrics.md", metrics_page()), ("protocols.md", protocols_page())):
         path = folder / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
