@@ -42,10 +42,12 @@ sync itself, or taking the snapshot with K >= 2).
 Data-parallel ranks: each rank runs the pipeline over its own rows, in step with the others, which only an
 engine whose rollouts take no collective of the trainer's group can do
 (:attr:`~agents.rollout.engine_weights.EngineWithWeights.rolls_ahead_on_ranks`: the vllm-server engine, whose
-agreements between ranks run on a group of its own), and only one step ahead (:func:`ranks_refusal`): the
-syncs stay on the main thread, where K = 1 puts them, and a rollout's own collectives (dynamic sampling's
-"is any rank short?") go over a second gloo group that the rollout driver makes of the ranks. A snapshot's
-sync on the rollout's thread (K >= 2) is refused on ranks: no test covers it there.
+agreements between ranks run on a group of its own; :func:`ranks_refusal`). A rollout's own collectives
+(dynamic sampling's "is any rank short?") go over a second gloo group that the rollout driver makes of the
+ranks. Every rank takes the same path at every launch, since "in flight" means launched and not yet taken
+(bookkeeping, not timing): so the trainer's collectives on the main thread (a sync's gathers for K = 1; the
+sync check's scoring, then a snapshot's gathers, for K >= 2) come in the same order on every rank, and a
+snapshot's sync on the rollout's thread takes only the engine's group, which no other thread uses then.
 
 Checkpoints: the rollouts in flight are finished and saved in the checkpoint
 (:meth:`AsyncRollouts.state_dict`; with several ranks each rank's own, gathered for rank 0 to write). They
@@ -391,18 +393,12 @@ def ranks_refusal(max_staleness: int, engine: type, ranks: int, name: str | None
     """The one line that refuses ``rollout.max_staleness`` on ``ranks`` data-parallel ranks, or ``None``:
     on several ranks only an engine whose rollouts and syncs take no collective of the trainer's group
     (:attr:`~agents.rollout.engine_weights.EngineWithWeights.rolls_ahead_on_ranks`: vllm-server) may run a
-    rollout ahead, and only one step ahead (2 and more would sync snapshots on the rollout's thread, which
-    no multi-rank test covers)."""
-    if ranks <= 1 or not max_staleness:
+    rollout ahead."""
+    if ranks <= 1 or not max_staleness or getattr(engine, "rolls_ahead_on_ranks", False):
         return None
     named = engine.__name__ if name is None else f"rollout.engine {name}"
-    if not getattr(engine, "rolls_ahead_on_ranks", False):
-        return (f"rollout.max_staleness {max_staleness} on {ranks} ranks needs rollout.engine vllm-server ({named} "
-                "takes collectives of the trainer's group as it rolls out): drop it, or run one process")
-    if max_staleness > 1:
-        return (f"rollout.max_staleness {max_staleness} on {ranks} ranks: at most 1 on several ranks; use 1, or run "
-                "one process")
-    return None
+    return (f"rollout.max_staleness {max_staleness} on {ranks} ranks needs rollout.engine vllm-server ({named} "
+            "takes collectives of the trainer's group as it rolls out): drop it, or run one process")
 
 
 def staleness_refusal(max_staleness: int, engine: type, name: str | None = None) -> str:

@@ -6,12 +6,11 @@ deepspeed at ZeRO-2 or ZeRO-3, under ``torchrun``) with the HF sampler, the in-p
 every rank (each rank its own engine, synced from the gathered weights one tensor at a time), or vLLM servers
 (``rollout.engine vllm-server``: rank 0 launches or reaches them and sends them the weights, every rank sends
 its own rows' requests), LoRA adapters included (the engines serve them on their frozen base); and on ranks
-with ``rollout.max_staleness 1`` on vLLM servers (the rollouts' collectives on a group of their own).
+with ``rollout.max_staleness`` K >= 1 on vLLM servers (the rollouts' collectives on a group of their own).
 
 Refused: an engine that holds no weights of its own with ``rollout.max_staleness`` (nothing to keep a
 rollout ahead on); ``rollout.max_staleness`` on several ranks with an engine other than vllm-server (the
-colocated engine's rollouts share the trainer's group and device with the update), or above 1 there (a
-snapshot's sync on the rollout's thread is untested on ranks); servers the engine launches itself (no
+colocated engine's rollouts share the trainer's group and device with the update); servers the engine launches itself (no
 ``engine.urls``) when the ranks span machines (they listen on rank 0's loopback address).
 """
 from __future__ import annotations

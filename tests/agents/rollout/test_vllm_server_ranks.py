@@ -2,8 +2,8 @@
 in the vLLM virtualenv on two CPU ranks (``torchrun``, gloo). Rank 0 owns the servers and their weight group;
 every rank sends its own rows' requests, a row to replica (its global index) mod N. One ``agents.train``
 command samples the same episodes as one process and ends at its parameters (FSDP2 on two servers, ZeRO-3
-on one), each rank checking every sync; one step ahead (``rollout.max_staleness 1``) on two ZeRO-3 ranks,
-stopped after step 1 and resumed, takes the one process's steps; and on two ZeRO-2 ranks with a server that
+on one), each rank checking every sync; two steps ahead (``rollout.max_staleness 2``) on two ZeRO-3 ranks,
+stopped after step 2 and resumed, takes the one process's steps; and on two ZeRO-2 ranks with a server that
 rank 0 launched (its URL told to rank 1), killed between steps, both ranks end with the same one ``error:``
 line naming it, nothing left running.
 
@@ -39,8 +39,10 @@ COMMAND = ("--algo", "grpo", "--model.name", "tiny", "--model.tiny_layers", "1",
            "--engine.startup_timeout_s", "900", "--engine.request_timeout_s", "120", "--eval.questions", "0",
            "--run.report_to", "[]", "--run.sample_every", "1")
 FSDP, ZERO3 = ("--run.backend", "fsdp"), ("--run.backend", "deepspeed", "--backend.zero_stage", "3")
-#: One step ahead, over three steps (step 2 is sampled by the weights after step 1's update).
-AHEAD = ("--rollout.max_staleness", "1", "--run.steps", "3")
+#: Two steps ahead, over four steps: steps 2 and 3 are sampled by the first weights (step 2's rollout launched
+#: with none in flight, its sync on the main thread), step 4 by the weights after step 2's update, launched
+#: behind step 3's rollout (a snapshot, synced on the rollout's thread).
+AHEAD = ("--rollout.max_staleness", "2", "--run.steps", "4")
 #: Parameters agree within this (float sums over 8 rows in one process and 4 on each rank, in another order):
 #: a hundredth of one Adam step at the command's learning rate, so a step that moved nothing fails.
 ATOL, RTOL = 1e-5, 1e-5
@@ -74,7 +76,7 @@ def servers(vllm_python, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(vllm_python, servers, tmp_path_factory) -> Path:
     """One process and two ranks, synchronous (``one``, ``fsdp`` on both servers, ``zero3`` on the first)
-    and one step ahead (``one-ahead``; ``zero3-ahead`` stopped after step 1, then
+    and two steps ahead (``one-ahead``; ``zero3-ahead`` stopped after step 2, then
     resumed), one after another."""
     out = tmp_path_factory.mktemp("server-ranks")
     engine = ("--engine.python", vllm_python)
@@ -83,7 +85,7 @@ def runs(vllm_python, servers, tmp_path_factory) -> Path:
                               str(out / name)], cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=600)
         assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-6000:]
     ranks = {"fsdp": (*FSDP, *_urls(servers)), "zero3": (*ZERO3, *_urls(servers[:1])),
-             "zero3-ahead": (*ZERO3, *_urls(servers), *AHEAD, "--run.stop_after", "1")}
+             "zero3-ahead": (*ZERO3, *_urls(servers), *AHEAD, "--run.stop_after", "2")}
     for name, flags in ranks.items():
         torchrun(2, "-m", "agents.train", *COMMAND, *engine, *flags, "--run.output_dir", str(out / name),
                  python=vllm_python)
@@ -118,12 +120,12 @@ def test_two_ranks_on_servers_sample_the_one_process_episodes_and_end_at_its_par
     assert all(m["rollout/sync_gap"] < SYNC_GAP_MAX for m in _lines(runs / "one" / "metrics.jsonl"))
 
 
-def test_two_ranks_one_step_ahead_stopped_and_resumed_take_the_one_process_steps(runs):
+def test_two_ranks_two_steps_ahead_stopped_and_resumed_take_the_one_process_steps(runs):
     ranks = _lines(runs / "zero3-ahead" / "metrics.jsonl")
-    assert [m["rollout/staleness_max"] for m in ranks] == [0.0, 1.0, 1.0]
-    # Step 2's episodes came from each rank's own rollout ahead in the checkpoint; step 3's from weights the
-    # resumed run synced to the servers.
-    _same_steps(runs / "one-ahead", runs / "zero3-ahead", [1, 2, 3])
+    assert [m["rollout/staleness_max"] for m in ranks] == [0.0, 1.0, 2.0, 2.0]
+    # Steps 3 and 4's episodes came from each rank's own rollouts ahead in the checkpoint of step 2 (step 4's
+    # sampled by a snapshot of the weights after step 2, synced on the rollout's thread).
+    _same_steps(runs / "one-ahead", runs / "zero3-ahead", [1, 2, 3, 4])
 
 
 #: The trainer's rank 0 kills its server (the whole process group) as step 2's weight sync starts, after
