@@ -9,7 +9,7 @@ Each layout trains the demo's tiny model (one layer) with GRPO, 4 questions x 2 
 evaluation, as ``agents.train`` in a process of its own: one process with the ``torch`` backend (the
 references: the HF sampler, and the in-process vLLM engine), then 2 ranks under ``torchrun`` (gloo on a CPU)
 with DeepSpeed ZeRO-2, ZeRO-3 and FSDP2, each with the HF sampler and with an in-process vLLM engine on
-every rank, and 2 ranks with the ``vllm-server`` engine, synchronous and with ``rollout.max_staleness 1``.
+every rank, and 2 ranks of each with the ``vllm-server`` engine, synchronous and with ``rollout.max_staleness 1``.
 Every layout runs with one Python, ``--python`` (default: the vLLM virtualenv's that ``.ci/vllm_venv.sh``
 builds, which has vLLM and DeepSpeed: one interpreter for all rows keeps them comparable).
 
@@ -110,8 +110,9 @@ LAYOUTS: dict[str, Layout] = {
     **{f"{name}-{engine}": Layout(2, backend, engine, zero_stage=zero)
        for engine in ("hf", "vllm")
        for name, backend, zero in (("zero2", "deepspeed", 2), ("zero3", "deepspeed", 3), ("fsdp", "fsdp", None))},
-    "zero2-server": Layout(2, "deepspeed", "vllm-server", zero_stage=2),
-    "zero2-server-stale1": Layout(2, "deepspeed", "vllm-server", max_staleness=1, zero_stage=2),
+    **{f"{name}-server{suffix}": Layout(2, backend, "vllm-server", max_staleness=staleness, zero_stage=zero)
+       for name, backend, zero in (("zero2", "deepspeed", 2), ("zero3", "deepspeed", 3), ("fsdp", "fsdp", None))
+       for suffix, staleness in (("", 0), ("-stale1", 1))},
 }
 
 
