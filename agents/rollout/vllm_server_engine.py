@@ -38,13 +38,14 @@ workers): every rank builds the engine at the same point, and rank 0 alone owns 
 group (it launches them or reaches ``engine.urls``) and tells the other ranks their URLs and served name
 (``broadcast_object_list``; a failure to start them is the same one line on every rank). Every rank sends its
 own rows' requests, a row to replica (its index in the whole batch) mod N, so generation is spread over all
-servers and, the request seeds being the in-process engine's, N ranks sample one process's episodes. A
+servers and, the request seeds being the in-process engine's, N ranks sample one process's episodes (rather
+than one rank generating for all and scattering: no episode crosses ranks, no rank waits on a bigger one). A
 sync is entered by every rank at once: each reads ``rollout_weights()`` to the end (a sharded parameter's
 gather is a collective), rank 0 alone sends each tensor to the servers (each server takes the weights
 once), and no rank returns before rank 0 says the servers hold them (or why not: the same one line on
 every rank); the version counts up on every rank, and every rank's sync check scores the servers. These
 agreements run on a gloo group the engine makes of the ranks, apart from the trainer's group, so a rollout
-ahead on a thread of its own (``rollout.max_staleness 1``) never interleaves them with an update's
+ahead on a thread of its own (``rollout.max_staleness``) never interleaves them with an update's
 collectives. Rank 0's servers listen on its loopback address when it launches them: ranks on several
 machines reach servers started by hand, by ``engine.urls`` (and the servers reach rank 0 at
 ``engine.group_host``).
