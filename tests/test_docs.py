@@ -65,3 +65,12 @@ def test_the_pages_are_built(site):
         assert (site / f"{page}.html").is_file(), page
     assert "python -m agents.train --config agents/configs/demo.yaml" in _text(site / "getting-started.html")
     assert "class search_env.env.SearchQAEnv" in _text(site / "reference" / "api.html").replace("\n", " ")
+
+
+def test_the_figures_page_shows_every_figure_with_its_results_section(site):
+    text = _text(site / "figures.html")
+    figures = sorted((ROOT / "benchmarks" / "figures").glob("*.png"))
+    assert figures
+    for figure in figures:
+        assert figure.name in text and (site / "_images" / figure.name).is_file(), figure.name
+    assert "In the results: RL algorithms side by side" in text  # the section naming algorithms_heldout_em_2hop.png

@@ -6,6 +6,8 @@
   that choice decides. Nothing is copied by hand, so a new field appears on the next build.
 * ``reference/metrics.md``: the metrics glossary, from :data:`agents.training.metric_keys.METRIC_KEYS`.
 * ``reference/protocols.md``: the protocols table, from the protocols :mod:`search_env.protocols` registers.
+* ``figures.md``: every figure in ``benchmarks/figures/``, each with the title of the ``benchmarks/RESULTS.md``
+  section that names it (where its numbers, command and machine are), so a new figure shows on the next build.
 
 These files are build outputs (ignored by git).
 """
@@ -126,12 +128,34 @@ def protocols_page() -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
 
 
+def figures_page(benchmarks: Path) -> str:
+    """The figures of ``benchmarks/figures/``, each with the last heading of ``benchmarks/RESULTS.md`` before
+    its first mention there (the section that says what it measured)."""
+    lines = (benchmarks / "RESULTS.md").read_text(encoding="utf-8").splitlines()
+    parts = ["# Figures", "",
+             "Every figure the benchmarks drew, under the section of [the results](results.md) that says what it "
+             "measured, with which command and on which machine.", ""]
+    for figure in sorted((benchmarks / "figures").glob("*.png")):
+        heading = current = None
+        for line in lines:
+            if line.startswith("#"):
+                current = line.lstrip("#").strip()
+            if figure.name in line:
+                heading = current
+                break
+        where = f"In the results: *{_escape(heading)}*." if heading else "Not named in the results."
+        parts += [f"## `{figure.name}`", "", where, "", f"![{figure.name}](../benchmarks/figures/{figure.name})", ""]
+    return "\n".join(parts)
+
+
 def write_pages(app: Any) -> None:
     """Sphinx ``builder-inited`` hook: (re)write the generated pages, only when their text changed (so an
     unchanged page is not rebuilt)."""
-    folder = Path(app.srcdir) / "reference"
-    for name, text in (("cli.md", cli_page()), ("metrics.md", metrics_page()), ("protocols.md", protocols_page())):
-        path = folder / name
+    source = Path(app.srcdir)
+    pages = {"reference/cli.md": cli_page(), "reference/metrics.md": metrics_page(),
+             "reference/protocols.md": protocols_page(), "figures.md": figures_page(source.parent / "benchmarks")}
+    for name, text in pages.items():
+        path = source / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
 
