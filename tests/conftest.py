@@ -86,6 +86,19 @@ def skip_without(extra: str, *modules: str) -> None:
                     allow_module_level=True)
 
 
+@pytest.fixture(autouse=True)
+def _protocols_registered_by_a_test_end_with_it():
+    """A protocol a test registers is gone after it: the registry is process-wide, and a later test that
+    walks every registered protocol (the scripted-model engine tests, the docs' protocol table) must see the
+    library's own, whatever ran before it."""
+    from search_env import protocols
+
+    before = dict(protocols._REGISTRY)
+    yield
+    protocols._REGISTRY.clear()
+    protocols._REGISTRY.update(before)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The ../shared/data folder of real QA sets and corpus; skips the test when it is absent."""
