@@ -74,3 +74,10 @@ def test_the_figures_page_shows_every_figure_with_its_results_section(site):
     for figure in figures:
         assert figure.name in text and (site / "_images" / figure.name).is_file(), figure.name
     assert "In the results: RL algorithms side by side" in text  # the section naming algorithms_heldout_em_2hop.png
+
+
+def test_the_benchmarks_page_lists_every_command(site):
+    from benchmarks.__main__ import COMMANDS
+
+    text = _text(site / "reference" / "benchmarks.html")
+    assert [name for name in COMMANDS if f"python -m benchmarks.{name}" not in text] == []

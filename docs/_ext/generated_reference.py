@@ -6,6 +6,8 @@
   that choice decides. Nothing is copied by hand, so a new field appears on the next build.
 * ``reference/metrics.md``: the metrics glossary, from :data:`agents.training.metric_keys.METRIC_KEYS`.
 * ``reference/protocols.md``: the protocols table, from the protocols :mod:`search_env.protocols` registers.
+* ``reference/benchmarks.md``: every benchmark command with the first line of its module's docstring, from
+  :data:`benchmarks.__main__.COMMANDS` (what ``python -m benchmarks`` lists).
 * ``figures.md``: every figure in ``benchmarks/figures/``, each with the title of the ``benchmarks/RESULTS.md``
   section that names it (where its numbers, command and machine are), so a new figure shows on the next build.
 
@@ -21,9 +23,13 @@ from typing import Any
 _CHOICE_GROUPS = (("--algo", "algorithm"), ("--rollout.engine", "engine"), ("--run.backend", "backend"))
 
 
+#: Every punctuation mark that could start Markdown markup.
+_MARKUP = re.compile(r"([\\`*_\[\]{}<>()#+!|~])")
+
+
 def _escape(text: str) -> str:
-    """``text`` as literal Markdown (every punctuation mark that could start markup escaped)."""
-    return re.sub(r"([\\`*_\[\]{}<>()#+!|~])", r"\\\1", " ".join(text.split()))
+    """``text`` as literal Markdown, its whitespace collapsed."""
+    return _MARKUP.sub(r"\\\1", " ".join(text.split()))
 
 
 def _type_name(action: Any) -> str:
@@ -128,6 +134,22 @@ def protocols_page() -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
 
 
+def benchmarks_page() -> str:
+    """The benchmark commands (``python -m benchmarks``'s list), each with what it measures."""
+    from benchmarks.__main__ import COMMANDS, description
+
+    def cell(text: str) -> str:  # the docstring's ``literals`` as code, the rest as plain text
+        parts = " ".join(text.split()).split("``")
+        return "".join(f"`{part}`" if i % 2 else _MARKUP.sub(r"\\\1", part) for i, part in enumerate(parts))
+
+    rows = [f"| `python -m benchmarks.{name}` | {cell(description(name))} |" for name in COMMANDS]
+    return "\n".join([
+        "# Benchmark commands", "",
+        "Each is `python -m benchmarks.NAME` (`--help` for its options; `--quick` where it has one runs it in "
+        "minutes); what each measured, with which command and on which machine, is in [the results](../results.md).",
+        "", "| Command | What it measures |", "| --- | --- |", *rows, ""])
+
+
 def figures_page(benchmarks: Path) -> str:
     """The figures of ``benchmarks/figures/``, each with the last heading of ``benchmarks/RESULTS.md`` before
     its first mention there (the section that says what it measured)."""
@@ -153,7 +175,8 @@ def write_pages(app: Any) -> None:
     unchanged page is not rebuilt)."""
     source = Path(app.srcdir)
     pages = {"reference/cli.md": cli_page(), "reference/metrics.md": metrics_page(),
-             "reference/protocols.md": protocols_page(), "figures.md": figures_page(source.parent / "benchmarks")}
+             "reference/protocols.md": protocols_page(), "reference/benchmarks.md": benchmarks_page(),
+             "figures.md": figures_page(source.parent / "benchmarks")}
     for name, text in pages.items():
         path = source / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
