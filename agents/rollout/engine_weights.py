@@ -52,7 +52,7 @@ class EngineWithWeights(ABC):
     lora: bool
     #: With several data-parallel ranks, its rollouts and syncs take no collective of the trainer's group (its
     #: own agreements run on a group of their own), so a rollout may run ahead on a thread while an update
-    #: takes the trainer's collectives (``rollout.max_staleness`` 1 on ranks).
+    #: takes the trainer's collectives (``rollout.max_staleness`` on ranks).
     rolls_ahead_on_ranks: bool = False
 
     @abstractmethod
