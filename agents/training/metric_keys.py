@@ -56,7 +56,7 @@ METRIC_KEYS: tuple[MetricKey, ...] = (
     MetricKey("rollout/logprob_gap_turn{turn}_mean", "The mean engine/trainer log-prob gap over the tokens of search turn {turn}.", "nats"),
     MetricKey("rollout/logprob_gap_turn{turn}_max", "The largest engine/trainer log-prob gap in search turn {turn}.", "nats"),
     MetricKey("rollout/sync_gap", "After a weight sync, the largest log-prob difference on a fixed probe between the engine "
-              "and the trainer (``rollout.sync_check``).", "nats"),
+              "and the trainer (``rollout.sync_check``); logged with the step whose episodes that sync's weights sampled.", "nats"),
     MetricKey("rollout/sync_gap_rank{rank}", "The sync gap measured by data-parallel rank {rank}.", "nats"),
     MetricKey("rollout/staleness_mean", "How many optimiser steps behind the trained weights the step's episodes were sampled "
               "(``rollout.max_staleness``), mean.", "steps"),

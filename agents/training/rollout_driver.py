@@ -142,7 +142,7 @@ class RolloutDriver:
             questions = questions[rank * wanted : (rank + 1) * wanted]
             with self.decoding():
                 agent = self.engine.agent(greedy=False, seed=seed, first_row=rank * wanted * group_size)
-                self.check_sync()
+                self.check_sync(step)
                 rollout = collect_rollouts(agent, self.rollout_env(), questions, group_size=group_size)
             trajectories += rollout.trajectories
             timings.add(rollout.timings)
@@ -188,18 +188,20 @@ class RolloutDriver:
             self.engine.sync(weights=snapshot)
         self.engine.wake_up()
         if self.sync_check is not None:
-            self.sync_check.follow(self.engine, reference=None if snapshot is None else snapshot.reference)
+            self.sync_check.follow(self.engine, reference=None if snapshot is None else snapshot.reference, step=step)
 
-    def check_sync(self) -> None:
-        """Check the engine's weights if it synced since the last check (:class:`SyncCheck`)."""
+    def check_sync(self, step: int | None = None) -> None:
+        """Check the engine's weights if it synced since the last check (:class:`SyncCheck`), for the rollout
+        of ``step`` (``None``: for none, as before an evaluation)."""
         if self.sync_check is not None:
-            self.sync_check.follow(self.engine)
+            self.sync_check.follow(self.engine, step=step)
 
-    def sync_metrics(self) -> dict[str, float]:
-        """The sync check's metrics since the last call (``rollout/sync_gap``), or none. With several ranks, each
-        holding its own engine, also this rank's own gap (``rollout/sync_gap_rank{N}``): the step's log keeps
-        every rank's, so a rank whose engine went unchecked shows."""
-        metrics = self.sync_check.take_metrics() if self.sync_check is not None else {}
+    def sync_metrics(self, step: int) -> dict[str, float]:
+        """The sync check's metrics not yet taken for the rollouts of steps up to ``step`` (``rollout/sync_gap``),
+        or none. With several ranks, each holding its own engine, also this rank's own gap
+        (``rollout/sync_gap_rank{N}``): the step's log keeps every rank's, so a rank whose engine went unchecked
+        shows."""
+        metrics = self.sync_check.take_metrics(step) if self.sync_check is not None else {}
         if metrics and self.backend.world_size > 1:
             metrics[f"rollout/sync_gap_rank{self.backend.rank}"] = metrics["rollout/sync_gap"]
         return metrics
@@ -232,14 +234,18 @@ class RolloutDriver:
     # -- checkpoints and the end ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds of the rollouts: with ``rollout.max_staleness``, the next steps' episodes
-        (finished first) as ``rollout_ahead``; with several ranks every rank's own, as ``rollout_ahead_ranks``
-        (a list by rank, gathered on every rank: rank 0 alone writes the checkpoint); nothing otherwise."""
+        (finished first) as ``rollout_ahead`` and the sync gaps measured for them, not yet logged, as
+        ``sync_gaps_ahead``; with several ranks every rank's own, as ``rollout_ahead_ranks`` and
+        ``sync_gaps_ahead_ranks`` (lists by rank, gathered on every rank: rank 0 alone writes the checkpoint);
+        nothing otherwise."""
         if self.pipeline is None:
             return {}
-        ahead = self.pipeline.state_dict()
+        ahead = self.pipeline.state_dict()  # settles first: every gap of the rollouts ahead is measured
+        gaps = self.sync_check.state_dict() if self.sync_check is not None else []
         if self.backend.world_size == 1:
-            return {"rollout_ahead": ahead}
-        return {"rollout_ahead_ranks": self.backend.all_gather_object(ahead)}
+            return {"rollout_ahead": ahead, "sync_gaps_ahead": gaps}
+        return {"rollout_ahead_ranks": self.backend.all_gather_object(ahead),
+                "sync_gaps_ahead_ranks": self.backend.all_gather_object(gaps)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Take the rollouts ahead that :meth:`state_dict` wrote (a checkpoint without them leaves none; with
@@ -254,6 +260,9 @@ class RolloutDriver:
             raise ValueError(f"the checkpoint's rollouts ahead were made on {saved} rank(s), this run has {world}: "
                              f"resume on {saved}")
         self.pipeline.load_state_dict(state.get("rollout_ahead") if ranks is None else ranks[self.backend.rank])
+        gaps = state.get("sync_gaps_ahead") if ranks is None else state.get("sync_gaps_ahead_ranks", [[]] * world)[self.backend.rank]
+        if self.sync_check is not None:
+            self.sync_check.load_state_dict(gaps or [])
 
     def close(self) -> None:
         """Wait for a rollout in flight and stop the environment worker, if one runs (a later rollout starts

@@ -284,7 +284,7 @@ class Trainer:
             "time/generation": timings.generation_s, "time/env": timings.env_s, "time/search": timings.search_s,
             "time/env_worker": timings.worker_s, "time/rollout": timings.total_s,
             "time/update": now - update_started, "time/step": now - started,
-            **self.rollout_driver.sync_metrics(), **pipeline,
+            **self.rollout_driver.sync_metrics(self.step), **pipeline,
         }
         if self.backend.world_size > 1:
             metrics = all_rank_metrics(self.backend, metrics, update_keys)

@@ -92,6 +92,20 @@ def test_follow_checks_once_per_sync_and_the_metric_is_the_largest_gap_since_it_
     assert check.take_metrics() == {}
 
 
+def test_a_gap_is_reported_with_the_step_its_rollout_was_for_however_the_threads_ran():
+    check = _check("error")
+    engine = ScoredEngine([[0.0, -1.0, -2.5], [0.0, -0.2]])
+    engine.syncs = 1
+    check.follow(engine, step=3)  # step 3's rollout, synced before step 2's metrics are taken
+    assert check.take_metrics(2) == {}
+    engine.rows, engine.syncs = [[0.0, -1.0, -2.5], [0.0, -0.17]], 2
+    check.follow(engine)  # a check for no step (before an evaluation) goes with the next step's metrics
+    assert check.take_metrics(3) == {"rollout/sync_gap": pytest.approx(0.08)}
+    engine.syncs = 3
+    check.follow(engine, step=5)
+    assert check.take_metrics(4) == {} and check.take_metrics(5) == {"rollout/sync_gap": pytest.approx(0.08)}
+
+
 def test_bad_settings_are_one_line_errors():
     with pytest.raises(ValueError, match="rollout.sync_check must be one of error, warn, off, got 'loud'"):
         SyncCheck(PROBE, lambda s: TRAINER, engine_name="vllm", mode="loud")

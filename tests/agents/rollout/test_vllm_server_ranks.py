@@ -104,9 +104,11 @@ def _same_steps(one: Path, two: Path, steps: list[int]) -> None:
             assert key in b if key in a else key not in b, (two.name, a["step"], key)
             assert b.get(key) == (None if key not in a else pytest.approx(a[key], rel=1e-12)), (two.name, a["step"], key)
         assert b["loss/total"] == pytest.approx(a["loss/total"], rel=1e-5, abs=1e-9), (two.name, a["step"])
+        gaps = [b.get(f"rollout/sync_gap_rank{rank}") for rank in (0, 1)]
         if "rollout/sync_gap" in a:  # a step whose rollout followed a sync: both ranks checked it
-            gaps = [b.get(f"rollout/sync_gap_rank{rank}") for rank in (0, 1)]
             assert all(gap is not None and gap < SYNC_GAP_MAX for gap in gaps), (two.name, a["step"], gaps)
+        else:  # a gap is logged with the step its rollout was for, however the threads ran
+            assert gaps == [None, None], (two.name, a["step"], gaps)
     single = load_file(one / "policy" / "model.safetensors")  # what one process and the ranks exported
     ranks = load_file(two / "policy" / "model.safetensors")
     assert single.keys() == ranks.keys()

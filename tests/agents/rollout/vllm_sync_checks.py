@@ -44,9 +44,9 @@ def check(lora: bool) -> dict:
     steps: list[dict] = []
     follow = trainer.rollout_driver.sync_check.follow
 
-    def timed_follow(e):
+    def timed_follow(e, **options):
         started = time.perf_counter()
-        gap = follow(e)
+        gap = follow(e, **options)
         if gap is not None:
             check_seconds.append(time.perf_counter() - started)
         return gap

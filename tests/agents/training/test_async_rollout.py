@@ -302,9 +302,10 @@ def test_k_2_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp_p
     straight = Record()
     whole, _ = run(config(tmp_path / "a", **changes), callbacks=[straight])
     stopped, resumed = Record(), Record()
-    # Stopped after step 0: the rollouts of steps 1 and 2 (by v0) were in flight and go into the checkpoint.
-    first, result = run(config(tmp_path / "b", **changes, **{"run.stop_after": 1}), callbacks=[stopped])
-    assert result.step == 1
+    # Stopped after step 1: the rollouts of steps 2 (by v0) and 3 (by v1, a snapshot synced on its thread, its
+    # sync gap not yet logged) were in flight and go into the checkpoint.
+    first, result = run(config(tmp_path / "b", **changes, **{"run.stop_after": 2}), callbacks=[stopped])
+    assert result.step == 2
     second, result = run(config(tmp_path / "b", **changes, **{"run.resume": True}), callbacks=[resumed])
     assert result.step == 5
     assert stopped.episodes + resumed.episodes == straight.episodes
@@ -312,8 +313,11 @@ def test_k_2_stopped_and_resumed_takes_the_steps_of_a_run_straight_through(tmp_p
     for a, b in zip(whole.policy.model.parameters(), second.policy.model.parameters()):
         assert torch.equal(a, b)
     assert [m["rollout/staleness_max"] for m in stopped.metrics + resumed.metrics] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    # Each sync's gap is logged with the step its rollout was for, the checkpoint's too.
+    logged = [i for i, m in enumerate(stopped.metrics + resumed.metrics) if "rollout/sync_gap" in m]
+    assert logged == [i for i, m in enumerate(straight.metrics) if "rollout/sync_gap" in m] and 3 in logged
     resumed_seeds = {seed for seed, _, _ in CopyEngine.built[-1].agents}
-    assert {whole.rollout_driver.seed("rollout", at=s) for s in (1, 2)}.isdisjoint(resumed_seeds)  # taken from the checkpoint
+    assert {whole.rollout_driver.seed("rollout", at=s) for s in (2, 3)}.isdisjoint(resumed_seeds)  # taken from the checkpoint
 
 
 def test_a_snapshot_sync_that_loads_nothing_is_caught_by_the_sync_check(tmp_path):
