@@ -81,3 +81,21 @@ def test_the_benchmarks_page_lists_every_command(site):
 
     text = _text(site / "reference" / "benchmarks.html")
     assert [name for name in COMMANDS if f"python -m benchmarks.{name}" not in text] == []
+
+
+def test_every_howto_guide_is_built_and_listed_on_the_howto_index(site):
+    guides = sorted(page.stem for page in (ROOT / "docs" / "howto").glob("*.md") if page.stem != "index")
+    assert len(guides) >= 8, guides
+    index = (site / "howto" / "index.html").read_text(encoding="utf-8")
+    assert [g for g in guides if not (site / "howto" / f"{g}.html").is_file() or f'href="{g}.html"' not in index] == []
+
+
+def test_getting_started_quotes_the_readme_install_lines_whole(site):
+    """Its literal includes cut README.rst at marker sentences: each of the README's install lines (the two
+    commands and the GPU install) shows whole, so a moved marker cannot quote the wrong text."""
+    text = _text(site / "getting-started.html")
+    readme = (ROOT / "README.rst").read_text(encoding="utf-8")
+    lines = [line.strip() for line in readme.splitlines() if line.strip().startswith("python3 -m venv .venv")]
+    assert len(lines) == 3, lines
+    assert [line for line in lines if line not in text] == []
+    assert "$SEARCHQA_GYM_CACHE" in text and "~/.cache/searchqa_gym" in text  # where the converted SmolLM2 is kept
