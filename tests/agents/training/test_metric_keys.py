@@ -8,12 +8,24 @@ from agents.training.metric_keys import METRIC_KEYS, describe
 from tests.agents.training.tiny import records, run, small_config
 
 
-@pytest.mark.parametrize("algo, own_keys", [("grpo", {"warm_start/loss_last", "groups/informative_frac"}),
-                                             ("ppo", {"loss/value", "value/mean"}), ("gigpo", {"gigpo/shared_turn_frac"})])
-def test_every_key_of_a_tiny_run_has_an_entry(tmp_path, algo, own_keys):
+#: Rollouts two steps ahead on an engine with its own checked copy of the weights (the asynchronous tests' engine):
+#: the staleness, waiting, weight-sync, sync-check and engine/trainer log-prob keys.
+AHEAD = {"rollout.engine": "test-copy", "rollout.max_staleness": 2, "run.steps": 4}
+
+
+@pytest.mark.parametrize("algo, own_keys, changes", [
+    ("grpo", {"warm_start/loss_last", "groups/informative_frac"}, {}),
+    ("ppo", {"loss/value", "value/mean"}, {}),
+    ("gigpo", {"gigpo/shared_turn_frac"}, {}),
+    ("grpo", {"rollout/staleness_max", "rollout/sync_gap", "time/weight_sync", "time/rollout_waited",
+              "rollout/logprob_gap_mean"}, AHEAD),
+])
+def test_every_key_of_a_tiny_run_has_an_entry(tmp_path, algo, own_keys, changes):
     # A warm start and an evaluation every step: the episode, update, time, warm-start and eval keys, and the
-    # algorithm's own (PPO's critic, GiGPO's turn groups).
-    config = small_config(algo, tmp_path / "run", {"eval.every": 1, "warm_start.steps": 1})
+    # algorithm's own (PPO's critic, GiGPO's turn groups), or the asynchronous rollouts' own.
+    if changes.get("rollout.engine") == AHEAD["rollout.engine"]:
+        import tests.agents.training.test_async_rollout  # noqa: F401  (registers the engine)
+    config = small_config(algo, tmp_path / "run", {"eval.every": 1, "warm_start.steps": 1, **changes})
     run(config)
     logged = {key for record in records(tmp_path / "run" / "metrics.jsonl") for key in record}
     assert {"step", "loss/total", "time/step", "eval/greedy/em", *own_keys} <= logged  # the run logged what it should
