@@ -10,7 +10,8 @@ Where: ``$SEARCHQA_GYM_CACHE`` (default ``~/.cache/searchqa_gym``), under
 ``gguf/<file stem>-<key>/tokenizer`` and ``.../model``; the key is the gguf file's sha256 with the
 ``transformers`` version (another version may convert differently). Each part is written to a temporary
 folder and renamed into place, so processes converting at once never read half a copy.
-``SEARCHQA_GYM_CACHE=off`` converts in memory on every load instead.
+``SEARCHQA_GYM_CACHE=off`` converts in memory on every load instead, as does a cache folder that cannot be
+written.
 """
 from __future__ import annotations
 
@@ -93,15 +94,18 @@ def load_gguf_model(path: Path, *, dtype: torch.dtype | str | None = None) -> Pr
 def _converted(path: Path, part: str, convert: Any) -> Path | None:
     """The folder of ``part`` of ``path``'s converted copy, written by ``convert()``'s ``save_pretrained`` when
     missing (into a temporary folder beside it, renamed into place; another process's copy, renamed first,
-    is kept). ``None`` with the cache off."""
+    is kept). ``None`` with the cache off or not writable."""
     base = gguf_cache_folder(path)
     if base is None:
         return None
     folder = base / part
     if folder.is_dir():
         return folder
-    base.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{part}-", dir=base))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{part}-", dir=base))
+    except OSError:  # a cache folder that cannot be written (read-only home): convert in memory, as with off
+        return None
     try:
         convert().save_pretrained(scratch)
         os.replace(scratch, folder)

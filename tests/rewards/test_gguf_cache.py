@@ -90,6 +90,15 @@ def test_a_copy_another_process_renamed_first_is_kept_and_a_failed_conversion_le
     assert sorted(p.name for p in target.parent.iterdir()) == ["tokenizer"]
 
 
+def test_a_cache_folder_that_cannot_be_written_converts_in_memory(monkeypatch, tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv(CACHE_ENV, str(blocked))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    assert gguf_cache._converted(gguf, "model", lambda: Saved("in memory")) is None
+
+
 @pytest.mark.slow
 def test_smollm2_from_its_copy_is_what_transformers_converts_from_the_file(monkeypatch):
     """The copy (the user's cache, converted first if missing) against a conversion in memory: the same
