@@ -15,6 +15,7 @@ written.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -49,12 +50,21 @@ def gguf_cache_folder(path: Path) -> Path | None:
         return None
     import transformers
 
+    stat = path.stat()
+    key = _file_key(str(path), stat.st_size, stat.st_mtime_ns, transformers.__version__)
+    return root / "gguf" / f"{path.stem}-{key}"
+
+
+@functools.lru_cache(maxsize=8)
+def _file_key(path: str, size: int, mtime_ns: int, transformers_version: str) -> str:
+    """The copy's key: the file's sha256 with the transformers version, hashed once per process while the
+    file's size and modification time stay (a tokenizer and a model load read the same file)."""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while chunk := file.read(_HASH_CHUNK):
             digest.update(chunk)
-    digest.update(f"transformers {transformers.__version__}".encode())
-    return root / "gguf" / f"{path.stem}-{digest.hexdigest()[:16]}"
+    digest.update(f"transformers {transformers_version}".encode())
+    return digest.hexdigest()[:16]
 
 
 def load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
