@@ -28,9 +28,9 @@ resumed where it stopped otherwise (run the same command again after a stop):
     ``trained-empty-source``): its drop says how much of the gain comes from searching.
 ``report``
     ``summary.json`` (the command and one row per system: seven-set EM with a 95% bootstrap interval over
-    questions, F1, cover-EM, searches per episode, per-set numbers), ``table.md`` and ``training.png``
-    (held-out EM by step beside the training reward); with ``--record DIR``, ``summary.json`` and the run's
-    ``metrics.jsonl`` are copied to ``DIR``.
+    questions, F1, cover-EM, searches per episode, where the episodes ended, per-set numbers), ``table.md``
+    and ``training.png`` (held-out EM by step beside the training reward); with ``--record DIR``,
+    ``summary.json`` and the run's ``metrics.jsonl`` are copied to ``DIR``.
 
 The harness runs are subprocesses, so each stage's output is what its command line says and can be rerun
 alone; progress lines come from the harness and the trainer.
@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.common.real_model_report import format_table, plot_training, read_rows
+from benchmarks.common.real_model_report import format_outcomes, format_table, plot_training, read_rows
 from search_env.console import HelpFormatter
 from search_env.data.splits import HELD_OUT_SETS
 
@@ -181,7 +181,8 @@ def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, st
             rows += read_rows(episodes, systems[part], sets)
     summary = {"command": command, "sets": sets, "rows": [row.as_record() for row in rows]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    table = format_table(rows, sets) if rows else "(no finished evaluation yet)"
+    table = (format_table(rows, sets) + "\n\nWhere the episodes ended (shares):\n\n" + format_outcomes(rows)
+             if rows else "(no finished evaluation yet)")
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     metrics = out / "run" / "metrics.jsonl"
     if metrics.is_file():

@@ -6,6 +6,10 @@ average them). Its 95% interval resamples questions with replacement within each
 (a stratified bootstrap over questions), and takes the percentiles of the resampled averages: the
 interval says how much the average would move with other questions of the same sets, not with another
 training seed.
+
+Each episode also gets one outcome, the failure analysis of the table (:data:`OUTCOMES`): right, or where a
+wrong one went astray: it closed no answer (format), answered without searching, searched but no result
+held a gold answer (retrieval), or had one in its results and did not answer it (reading).
 """
 from __future__ import annotations
 
@@ -16,10 +20,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["METRICS", "Row", "bootstrap_average", "format_table", "plot_training", "read_rows", "set_scores"]
+from rewards.metrics import answer_in_text
+from search_env.protocols import get_protocol
+
+__all__ = ["METRICS", "OUTCOMES", "Row", "bootstrap_average", "episode_outcome", "format_outcomes", "format_table",
+           "plot_training", "read_rows", "set_scores"]
 
 #: The answer metrics of the table, as the harness's episodes name them.
 METRICS = ("em", "f1", "cover_em")
+#: An episode's outcomes, in the order :func:`episode_outcome` tells them apart.
+OUTCOMES = ("right", "no answer", "no search", "not retrieved", "misread")
 #: Bootstrap resamples of an interval.
 REPS = 2000
 
@@ -36,6 +46,7 @@ class Row:
         average: ``{metric: {"mean", "ci_low", "ci_high"}}`` over the sets.
         searches_per_episode: search calls per episode over every set's questions.
         no_search_share: share of the episodes that made no search call.
+        outcomes: share of the episodes with each of :data:`OUTCOMES`, over every set's questions.
     """
 
     name: str
@@ -45,13 +56,14 @@ class Row:
     average: dict[str, dict[str, float]]
     searches_per_episode: float
     no_search_share: float
+    outcomes: dict[str, float]
 
     def as_record(self) -> dict[str, Any]:
         """The row as ``summary.json`` holds it (``avg_em``, ``ci_low`` and ``ci_high`` at the top)."""
         em = self.average["em"]
         return {"name": self.name, "role": self.role, "agent": self.agent, "avg_em": em["mean"], "ci_low": em["ci_low"],
                 "ci_high": em["ci_high"], "average": self.average, "searches_per_episode": self.searches_per_episode,
-                "no_search_share": self.no_search_share, "per_set": self.per_set}
+                "no_search_share": self.no_search_share, "outcomes": self.outcomes, "per_set": self.per_set}
 
 
 def set_scores(episodes: Iterable[Mapping[str, Any]], agent: str) -> dict[str, dict[str, list[float]]]:
@@ -65,6 +77,23 @@ def set_scores(episodes: Iterable[Mapping[str, Any]], agent: str) -> dict[str, d
         for name in (*METRICS, "searches"):
             per_set[name].append(float(episode["metrics"][name]))
     return scores
+
+
+def episode_outcome(episode: Mapping[str, Any]) -> str:
+    """Which of :data:`OUTCOMES` a harness episode had: ``right`` (EM 1); ``no answer`` (it ended without a
+    closed answer: out of tokens, turns or context); ``no search``; ``not retrieved`` (no result its protocol
+    wrapped in its result tags held a gold answer, by :func:`rewards.metrics.answer_in_text`); ``misread``
+    (one did)."""
+    metrics = episode["metrics"]
+    if metrics["em"] == 1.0:
+        return "right"
+    if episode.get("end_reason") != "answer":
+        return "no answer"
+    if not metrics["searches"]:
+        return "no search"
+    protocol = get_protocol(episode["protocol"])
+    results = [part.split(protocol.result_close, 1)[0] for part in episode["text"].split(protocol.result_open)[1:]]
+    return "misread" if answer_in_text(" ".join(results), episode["golden_answers"]) else "not retrieved"
 
 
 def bootstrap_average(values_by_set: Sequence[Sequence[float]], *, reps: int = REPS, seed: int = 0,
@@ -104,8 +133,10 @@ def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets
                        "questions": float(len(scores[s]["em"]))} for s in sets}
         average = {m: bootstrap_average([scores[s][m] for s in sets], seed=i) for i, m in enumerate(METRICS)}
         searches = [v for s in sets for v in scores[s]["searches"]]
+        outcomes = [episode_outcome(e) for e in episodes if e["agent"] == agent and e["dataset"] in sets]
         rows.append(Row(name, role, agent, per_set, average, float(np.mean(searches)),
-                        float(np.mean([v == 0 for v in searches]))))
+                        float(np.mean([v == 0 for v in searches])),
+                        {outcome: outcomes.count(outcome) / len(outcomes) for outcome in OUTCOMES}))
     return rows
 
 
@@ -120,6 +151,13 @@ def format_table(rows: Sequence[Row], sets: Sequence[str]) -> str:
                  f"{em['mean']:.3f} [{em['ci_low']:.3f}, {em['ci_high']:.3f}]", f"{row.average['f1']['mean']:.3f}",
                  f"{row.average['cover_em']['mean']:.3f}", f"{row.searches_per_episode:.2f}", f"{row.no_search_share:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_outcomes(rows: Sequence[Row]) -> str:
+    """A markdown table of where each system's episodes ended (:data:`OUTCOMES`, shares of its episodes)."""
+    lines = ["| system | " + " | ".join(OUTCOMES) + " |", "|" + "---|" * (len(OUTCOMES) + 1)]
+    lines += ["| " + " | ".join([row.name, *(f"{row.outcomes[o]:.2f}" for o in OUTCOMES)]) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.common.real_model_report import bootstrap_average, format_table, read_rows
+from benchmarks.common.real_model_report import (
+    OUTCOMES, bootstrap_average, episode_outcome, format_outcomes, format_table, read_rows,
+)
 from search_env.data.splits import HELD_OUT_SETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,14 +45,29 @@ def test_an_empty_set_is_refused():
         bootstrap_average([[1.0], []])
 
 
-def _episode(dataset: str, agent: str, em: float, searches: float) -> dict:
-    return {"dataset": dataset, "agent": agent, "metrics": {"em": em, "f1": em, "cover_em": em, "searches": searches}}
+def _episode(dataset: str, agent: str, em: float, searches: float, *, end: str = "answer", results: str = "") -> dict:
+    text = f"<search> q </search><information>{results}</information><answer> a </answer>" if searches else "<answer> a </answer>"
+    return {"dataset": dataset, "agent": agent, "metrics": {"em": em, "f1": em, "cover_em": em, "searches": searches},
+            "protocol": "search-r1", "end_reason": end, "golden_answers": ["New York"], "text": text}
+
+
+def test_each_wrong_episode_is_told_apart_by_where_it_went_astray():
+    assert episode_outcome(_episode("nq", "a", 1.0, 0)) == "right"
+    assert episode_outcome(_episode("nq", "a", 0.0, 1, end="max_new_tokens", results="New York")) == "no answer"
+    assert episode_outcome(_episode("nq", "a", 0.0, 0)) == "no search"
+    assert episode_outcome(_episode("nq", "a", 0.0, 1, results="Doc 1 (Title: Boston) a city")) == "not retrieved"
+    assert episode_outcome(_episode("nq", "a", 0.0, 2, results="Doc 1 (Title: NYC) new york, a city")) == "misread"
+    # the gold in the question or the answer, outside the result tags, is not a retrieved one
+    outside = _episode("nq", "a", 0.0, 1, results="Boston")
+    outside["text"] = "Question: is it New York? " + outside["text"] + " New York"
+    assert episode_outcome(outside) == "not retrieved"
 
 
 def test_rows_from_harness_episodes(tmp_path):
     sets = ["nq@held-out", "popqa@held-out"]
     episodes = [_episode("nq@held-out", "hf:m", 1.0, 1), _episode("nq@held-out", "hf:m", 0.0, 0),
-                _episode("popqa@held-out", "hf:m", 1.0, 2), _episode("nq@held-out", "direct:m", 0.0, 0)]
+                _episode("popqa@held-out", "hf:m", 1.0, 2), _episode("nq@held-out", "direct:m", 0.0, 0),
+                _episode("hotpotqa@held-out", "hf:m", 0.0, 1)]  # not one of the table's sets: left out
     path = tmp_path / "episodes.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in episodes), encoding="utf-8")
     rows = read_rows(path, [("trained", "trained", "hf:m"), ("direct", "baseline", "direct:m")], sets)
@@ -59,10 +76,14 @@ def test_rows_from_harness_episodes(tmp_path):
     assert row.per_set["nq@held-out"]["em"] == 0.5 and row.per_set["popqa@held-out"]["questions"] == 1.0
     assert row.average["em"]["mean"] == 0.75  # (0.5 + 1.0) / 2
     assert row.searches_per_episode == 1.0 and row.no_search_share == pytest.approx(1 / 3)
+    assert row.outcomes == {"right": 2 / 3, "no answer": 0.0, "no search": 1 / 3, "not retrieved": 0.0, "misread": 0.0}
     record = row.as_record()
     assert record["avg_em"] == 0.75 and record["role"] == "trained" and set(record["per_set"]) == set(sets)
+    assert record["outcomes"] == row.outcomes
     table = format_table(rows, sets)
     assert "| trained | trained | 0.500 | 1.000 | 0.750 [" in table and "| nq | popqa |" in table
+    assert format_outcomes(rows).splitlines()[2] == "| trained | 0.67 | 0.00 | 0.33 | 0.00 | 0.00 |"
+    assert format_outcomes(rows).splitlines()[0] == "| system | " + " | ".join(OUTCOMES) + " |"
 
 
 def check_summary(summary: dict, metrics_lines: list[str]) -> None:
