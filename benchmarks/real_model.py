@@ -5,6 +5,7 @@ Cold start and RL, then every row of the table on the held-out side of the fixed
     python -m benchmarks.real_model                      # the whole pipeline (hours on a 2-core CPU); resumes
     python -m benchmarks.real_model --quick              # every stage at a few steps and questions (minutes)
     python -m benchmarks.real_model --record benchmarks/results/real_model   # also keep the small text record
+    python -m benchmarks.real_model --reproduces RUN_DIR  # RUN_DIR's steps are the record's, exactly?
 
 The recipe is ``agents/configs/real-smollm2.yaml`` (``--config``; ``--set GROUP.FIELD=VALUE`` changes it). The
 questions come from :mod:`search_env.data.splits`: training on ``real-qa@train``, periodic evaluation during
@@ -34,6 +35,11 @@ resumed where it stopped otherwise (run the same command again after a stop):
 
 The harness runs are subprocesses, so each stage's output is what its command line says and can be rerun
 alone; progress lines come from the harness and the trainer.
+
+``--reproduces RUN_DIR`` checks a reproduction: the record's command (``summary.json``) run again, for example
+with ``--run.stop_after 3 --run.output_dir RUN_DIR``, must log every step it ran exactly as the record's
+``metrics.jsonl`` has it, host keys (times, rates, threads) aside. It prints each difference and exits 1 if
+there is one.
 """
 from __future__ import annotations
 
@@ -46,13 +52,15 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.common.real_model_report import format_outcomes, format_table, plot_training, read_rows
+from benchmarks.common.real_model_report import format_outcomes, format_table, plot_training, read_rows, step_differences
 from search_env.console import HelpFormatter
 from search_env.data.splits import HELD_OUT_SETS
 
-__all__ = ["BASELINES", "QUICK", "STAGES", "main", "train_command"]
+__all__ = ["BASELINES", "QUICK", "RECORD", "STAGES", "main", "train_command"]
 
 RECIPE = "agents/configs/real-smollm2.yaml"
+#: Where the committed record lives.
+RECORD = Path("benchmarks/results/real_model")
 #: The stages, in the order they run.
 STAGES = ("train", "baselines", "trained", "report")
 #: The untrained model's rows: (name, role, harness agent over the recipe's model).
@@ -143,7 +151,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--episodes", type=int, default=None, help="held-out questions per set in the table (default 100)")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="run only these stages")
     parser.add_argument("--record", type=Path, default=None, metavar="DIR", help="copy summary.json and metrics.jsonl here")
+    parser.add_argument("--reproduces", type=Path, default=None, metavar="RUN_DIR",
+                        help="only compare RUN_DIR/metrics.jsonl with the record's (--record, default "
+                             f"{RECORD}), host keys aside; exit 1 on a difference")
     args = parser.parse_args(argv)
+    if args.reproduces is not None:
+        raise SystemExit(_check_reproduction(args.reproduces, args.record or RECORD))
     episodes = args.episodes or (QUICK_EPISODES if args.quick else 100)
     out = args.output_dir or Path("runs/real_model-quick" if args.quick else "runs/real_model")
     changes = _changes(args)
@@ -170,6 +183,25 @@ def main(argv: Sequence[str] | None = None) -> None:
              "trained, empty source", done / "empty.json")
     if "report" in args.stages:
         _report(out, command, systems, args.record)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise SystemExit(f"error: {path} does not exist")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _check_reproduction(run_dir: Path, record: Path) -> int:
+    """Print how ``run_dir``'s steps differ from the record's (nothing but a verdict when they do not); 1 if
+    they do."""
+    run = _read_jsonl(run_dir / "metrics.jsonl")
+    differences = step_differences(_read_jsonl(record / "metrics.jsonl"), run)
+    for line in differences:
+        print(line)
+    steps = sorted({entry.get("step", 0) for entry in run})
+    span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+    print(f"{span} of {run_dir}: {len(differences)} difference(s) from {record / 'metrics.jsonl'}, host keys aside")
+    return 1 if differences or not run else 0
 
 
 def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, str, str]]], record: Path | None) -> None:

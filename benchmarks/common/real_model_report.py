@@ -24,7 +24,7 @@ from rewards.metrics import answer_in_text
 from search_env.protocols import get_protocol
 
 __all__ = ["METRICS", "OUTCOMES", "Row", "bootstrap_average", "episode_outcome", "format_outcomes", "format_table",
-           "plot_training", "read_rows", "set_scores"]
+           "host_key", "plot_training", "read_rows", "set_scores", "step_differences"]
 
 #: The answer metrics of the table, as the harness's episodes name them.
 METRICS = ("em", "f1", "cover_em")
@@ -159,6 +159,34 @@ def format_outcomes(rows: Sequence[Row]) -> str:
     lines = ["| system | " + " | ".join(OUTCOMES) + " |", "|" + "---|" * (len(OUTCOMES) + 1)]
     lines += ["| " + " | ".join([row.name, *(f"{row.outcomes[o]:.2f}" for o in OUTCOMES)]) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def host_key(key: str) -> bool:
+    """Whether a training metric measures the host rather than the run (times, rates, threads granted): the
+    keys a reproduction on another machine or load may change, and :func:`step_differences` skips."""
+    return key.startswith("time/") or key.endswith(("tokens_per_s", "/seconds", "/threads"))
+
+
+def step_differences(record: Sequence[Mapping[str, Any]], run: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How ``run``'s ``metrics.jsonl`` records differ from the same records of ``record`` (a longer run of the
+    same command), host keys aside: one line per differing record or key, empty when every record of
+    ``run`` is in ``record`` exactly (values compared with ``==``: a reproduction is bit-exact or it is not).
+    """
+    def key(entry: Mapping[str, Any]) -> tuple[Any, Any]:
+        return entry.get("step"), entry.get("stage")
+
+    kept = {key(entry): entry for entry in record}
+    lines = []
+    for entry in run:
+        theirs = kept.get(key(entry))
+        if theirs is None:
+            lines.append(f"step {key(entry)[0]} ({key(entry)[1] or 'update'}): not in the record")
+            continue
+        for name in sorted((set(entry) | set(theirs)) - {"step", "stage"}):
+            if not host_key(name) and entry.get(name) != theirs.get(name):
+                lines.append(f"step {key(entry)[0]} ({key(entry)[1] or 'update'}) {name}: "
+                             f"{entry.get(name)!r} here, {theirs.get(name)!r} in the record")
+    return lines
 
 
 def plot_training(metrics_file: Path, path: Path, *, title: str = "") -> Path:

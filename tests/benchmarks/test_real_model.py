@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common.real_model_report import (
-    OUTCOMES, bootstrap_average, episode_outcome, format_outcomes, format_table, read_rows,
+    OUTCOMES, bootstrap_average, episode_outcome, format_outcomes, format_table, host_key, read_rows, step_differences,
 )
 from search_env.data.splits import HELD_OUT_SETS
 
@@ -84,6 +84,42 @@ def test_rows_from_harness_episodes(tmp_path):
     assert "| trained | trained | 0.500 | 1.000 | 0.750 [" in table and "| nq | popqa |" in table
     assert format_outcomes(rows).splitlines()[2] == "| trained | 0.67 | 0.00 | 0.33 | 0.00 | 0.00 |"
     assert format_outcomes(rows).splitlines()[0] == "| system | " + " | ".join(OUTCOMES) + " |"
+
+
+def _metrics(tmp_path: Path, name: str, entries: list[dict]) -> Path:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+    return tmp_path / name
+
+
+def test_a_reproduction_matches_the_record_bit_for_bit_host_keys_aside(tmp_path, capsys):
+    from benchmarks import real_model
+
+    record = [{"step": 0, "stage": "start", "eval/greedy/em": 0.0},
+              {"step": 0, "stage": "warm start", "warm_start/loss_last": 0.5, "warm_start/seconds": 700.0,
+               "warm_start/threads": 2.0},
+              {"step": 1, "reward": 0.25, "loss/total": 0.1, "time/step": 300.0, "tokens_per_s": 9.0},
+              {"step": 2, "reward": 0.5, "loss/total": 0.2, "time/step": 310.0, "tokens_per_s": 9.0}]
+    same = [dict(record[0]), {**record[1], "warm_start/seconds": 900.0, "warm_start/threads": 1.0},
+            {**record[2], "time/step": 100.0, "tokens_per_s": 30.0}]
+    assert step_differences(record, same) == []
+    assert [host_key(k) for k in ("time/update", "warm_start/seconds", "warm_start/threads", "tokens_per_s", "reward")] == [
+        True, True, True, True, False]
+    off = [dict(record[0]), {**record[2], "loss/total": 0.1 + 2e-16}, {"step": 3, "reward": 0.0}]  # a last-bit change
+    assert step_differences(record, off) == [
+        "step 1 (update) loss/total: 0.1000000000000002 here, 0.1 in the record", "step 3 (update): not in the record"]
+    missing = [{**record[2], "extra": 1}]
+    assert step_differences(record, missing) == ["step 1 (update) extra: 1 here, None in the record"]
+    # the command line: exit 0 and a verdict when the steps match, 1 and each difference when not
+    recorded = _metrics(tmp_path, "record", record)
+    with pytest.raises(SystemExit) as ok:
+        real_model.main(["--reproduces", str(_metrics(tmp_path, "same", same)), "--record", str(recorded)])
+    assert ok.value.code == 0 and "steps 0-1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        real_model.main(["--reproduces", str(_metrics(tmp_path, "off", off)), "--record", str(recorded)])
+    assert bad.value.code == 1 and "loss/total" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="does not exist"):
+        real_model.main(["--reproduces", str(tmp_path / "nowhere"), "--record", str(recorded)])
 
 
 def check_summary(summary: dict, metrics_lines: list[str]) -> None:
