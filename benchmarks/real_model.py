@@ -218,7 +218,7 @@ def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, st
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     metrics = out / "run" / "metrics.jsonl"
     if metrics.is_file():
-        plot_training(metrics, out / "training.png", title="SmolLM2-135M, held-out EM and training reward")
+        plot_training(metrics, out / "training.png", title="SmolLM2-135M, held-out EM and training reward", rows=rows)
     print(table)
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)

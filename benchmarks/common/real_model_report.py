@@ -189,9 +189,11 @@ def step_differences(record: Sequence[Mapping[str, Any]], run: Sequence[Mapping[
     return lines
 
 
-def plot_training(metrics_file: Path, path: Path, *, title: str = "") -> Path:
-    """Held-out greedy EM at each evaluation of the run beside its training reward per step (``metrics.jsonl``
-    of the training run), in one figure."""
+def plot_training(metrics_file: Path, path: Path, *, title: str = "", rows: Sequence[Row] = ()) -> Path:
+    """Held-out greedy EM at each evaluation of the run (the trainer's check on its first held-out questions)
+    beside its training reward per step (``metrics.jsonl`` of the training run), in one figure. With the
+    table's ``rows``, the cold start's and the trained policy's seven-set EM with their intervals are drawn at
+    the first and the last step, and the best untrained baseline's as a level."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,16 +202,29 @@ def plot_training(metrics_file: Path, path: Path, *, title: str = "") -> Path:
     records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     evals = [(r.get("step", 0), r["eval/greedy/em"], r.get("stage")) for r in records if "eval/greedy/em" in r]
     steps = [(r["step"], r["reward"]) for r in records if "reward" in r and "step" in r and "stage" not in r]
+    last = max((step for step, _ in steps), default=0)
     figure, axis = plt.subplots(figsize=(7, 4))
     if steps:
         axis.plot(*zip(*steps), color="tab:gray", alpha=0.7, label="training reward (per step)")
     if evals:
         x = [step + (0.0 if stage != "warm start" else 0.001) for step, _, stage in evals]
-        axis.plot(x, [em for _, em, _ in evals], marker="o", color="tab:blue", label="held-out greedy EM")
+        axis.plot(x, [em for _, em, _ in evals], marker="o", color="tab:blue", label="held-out greedy EM (trainer's check)")
+    at = {"cold-start": (0, "tab:green", "s"), "trained": (last, "tab:red", "D"), "trained-empty-source": (last, "tab:purple", "v")}
+    for row in rows:
+        if row.role in at:
+            step, color, marker = at[row.role]
+            em = row.average["em"]
+            axis.errorbar([step], [em["mean"]], yerr=[[em["mean"] - em["ci_low"]], [em["ci_high"] - em["mean"]]],
+                          color=color, marker=marker, capsize=4, linestyle="none", label=f"{row.name}: table's avg EM, 95% CI")
+    baselines = [row for row in rows if row.role == "baseline"]
+    if baselines:
+        best = max(baselines, key=lambda row: row.average["em"]["mean"])
+        axis.axhline(best.average["em"]["mean"], color="tab:orange", linestyle=":",
+                     label=f"best untrained baseline ({best.name}): table's avg EM")
     axis.set_xlabel("RL step (0: before RL, after the cold start)")
     axis.set_ylabel("EM / reward")
     axis.set_ylim(bottom=0)
-    axis.legend()
+    axis.legend(fontsize="small")
     axis.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
