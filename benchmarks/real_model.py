@@ -213,8 +213,10 @@ def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, st
             rows += read_rows(episodes, systems[part], sets)
     summary = {"command": command, "sets": sets, "rows": [row.as_record() for row in rows]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    table = (format_table(rows, sets) + "\n\nWhere the episodes ended (shares):\n\n" + format_outcomes(rows)
-             if rows else "(no finished evaluation yet)")
+    parts = [("EM", format_table(rows, sets, "em", intervals=True)), ("F1", format_table(rows, sets, "f1", intervals=True)),
+             ("cover-EM", format_table(rows, sets, "cover_em", intervals=True)),
+             ("Where the episodes ended (shares of each system's episodes)", format_outcomes(rows))]
+    table = "\n\n".join(f"{title}:\n\n{part}" for title, part in parts) if rows else "(no finished evaluation yet)"
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     metrics = out / "run" / "metrics.jsonl"
     if metrics.is_file():

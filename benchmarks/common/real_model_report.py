@@ -42,7 +42,7 @@ class Row:
         name: what the table calls it (``direct``, ``trained`` ...).
         role: ``baseline``, ``untrained``, ``cold-start``, ``trained`` or ``trained-empty-source``.
         agent: the harness's agent spec that played it.
-        per_set: ``{set: {metric: mean, "questions": n, "searches": mean}}``.
+        per_set: ``{set: {metric: mean, metric_ci_low: ..., metric_ci_high: ..., "questions": n, "searches": mean}}``.
         average: ``{metric: {"mean", "ci_low", "ci_high"}}`` over the sets.
         searches_per_episode: search calls per episode over every set's questions.
         no_search_share: share of the episodes that made no search call.
@@ -119,6 +119,15 @@ def bootstrap_average(values_by_set: Sequence[Sequence[float]], *, reps: int = R
     return {"mean": mean, "ci_low": float(low), "ci_high": float(high)}
 
 
+def _set_intervals(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """``{metric_ci_low, metric_ci_high}``: each metric's 95% bootstrap interval over one set's questions."""
+    intervals = {}
+    for i, metric in enumerate(METRICS):
+        one = bootstrap_average([scores[metric]], seed=i)
+        intervals[f"{metric}_ci_low"], intervals[f"{metric}_ci_high"] = one["ci_low"], one["ci_high"]
+    return intervals
+
+
 def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets: Sequence[str]) -> list[Row]:
     """The table's rows for ``systems`` (``(name, role, agent spec)``) from one harness output's episodes, over
     ``sets`` (the harness's dataset names). A system without episodes of every set is left out.
@@ -130,7 +139,7 @@ def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets
         if any(not scores.get(s, {}).get("em") for s in sets):
             continue
         per_set = {s: {**{m: float(np.mean(scores[s][m])) for m in (*METRICS, "searches")},
-                       "questions": float(len(scores[s]["em"]))} for s in sets}
+                       **_set_intervals(scores[s]), "questions": float(len(scores[s]["em"]))} for s in sets}
         average = {m: bootstrap_average([scores[s][m] for s in sets], seed=i) for i, m in enumerate(METRICS)}
         searches = [v for s in sets for v in scores[s]["searches"]]
         outcomes = [episode_outcome(e) for e in episodes if e["agent"] == agent and e["dataset"] in sets]
@@ -140,16 +149,23 @@ def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets
     return rows
 
 
-def format_table(rows: Sequence[Row], sets: Sequence[str]) -> str:
-    """A markdown table: EM per set (``sets``: the harness's names, shown without ``@held-out``), the seven-set
-    EM, F1 and cover-EM with their intervals, searches."""
-    header = ["system", "role", *(s.split("@")[0] for s in sets), "avg EM [95% CI]", "avg F1", "avg cover-EM", "searches", "no search"]
+def format_table(rows: Sequence[Row], sets: Sequence[str], metric: str = "em", *, intervals: bool = False) -> str:
+    """A markdown table of ``metric`` per set (``sets``: the harness's names, shown without ``@held-out``; with
+    ``intervals``, each with its 95% interval) and over the seven sets with its interval; the EM table also
+    has the average F1 and cover-EM, the searches per episode and the share of episodes without one."""
+    label = {"em": "EM", "f1": "F1", "cover_em": "cover-EM"}[metric]
+    extra = ["avg F1", "avg cover-EM", "searches", "no search"] if metric == "em" else []
+    header = ["system", "role", *(s.split("@")[0] for s in sets), f"avg {label} [95% CI]", *extra]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        em = row.average["em"]
-        cells = [row.name, row.role, *(f"{row.per_set[s]['em']:.3f}" for s in sets),
-                 f"{em['mean']:.3f} [{em['ci_low']:.3f}, {em['ci_high']:.3f}]", f"{row.average['f1']['mean']:.3f}",
-                 f"{row.average['cover_em']['mean']:.3f}", f"{row.searches_per_episode:.2f}", f"{row.no_search_share:.2f}"]
+        average = row.average[metric]
+        per_set = [f"{row.per_set[s][metric]:.3f}" + (f" [{row.per_set[s][metric + '_ci_low']:.2f}, "
+                                                       f"{row.per_set[s][metric + '_ci_high']:.2f}]" if intervals else "")
+                   for s in sets]
+        cells = [row.name, row.role, *per_set, f"{average['mean']:.3f} [{average['ci_low']:.3f}, {average['ci_high']:.3f}]"]
+        if metric == "em":
+            cells += [f"{row.average['f1']['mean']:.3f}", f"{row.average['cover_em']['mean']:.3f}",
+                      f"{row.searches_per_episode:.2f}", f"{row.no_search_share:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -80,8 +80,14 @@ def test_rows_from_harness_episodes(tmp_path):
     record = row.as_record()
     assert record["avg_em"] == 0.75 and record["role"] == "trained" and set(record["per_set"]) == set(sets)
     assert record["outcomes"] == row.outcomes
+    # per set: nq's two questions (1, 0) resample to 0, 0.5 or 1; popqa's one question has no spread
+    nq, popqa = row.per_set["nq@held-out"], row.per_set["popqa@held-out"]
+    assert (nq["em_ci_low"], nq["em_ci_high"], popqa["f1_ci_low"], popqa["f1_ci_high"]) == (0.0, 1.0, 1.0, 1.0)
     table = format_table(rows, sets)
-    assert "| trained | trained | 0.500 | 1.000 | 0.750 [" in table and "| nq | popqa |" in table
+    assert "| trained | trained | 0.500 | 1.000 | 0.750 [" in table and "| nq | popqa | avg EM [95% CI] | avg F1 |" in table
+    with_intervals = format_table(rows, sets, "f1", intervals=True)
+    assert "| trained | trained | 0.500 [0.00, 1.00] | 1.000 [1.00, 1.00] | 0.750 [" in with_intervals
+    assert with_intervals.splitlines()[0].endswith("| avg F1 [95% CI] |")
     assert format_outcomes(rows).splitlines()[2] == "| trained | 0.67 | 0.00 | 0.33 | 0.00 | 0.00 |"
     assert format_outcomes(rows).splitlines()[0] == "| system | " + " | ".join(OUTCOMES) + " |"
 
