@@ -29,7 +29,8 @@ resumed where it stopped otherwise (run the same command again after a stop):
     ``trained-empty-source``): its drop says how much of the gain comes from searching.
 ``report``
     ``summary.json`` (the command and one row per system: seven-set EM with a 95% bootstrap interval over
-    questions, F1, cover-EM, searches per episode, where the episodes ended, per-set numbers), ``table.md``
+    questions, F1, cover-EM, searches per episode, where the episodes ended, per-set numbers; and the paired
+    differences of :data:`DIFFERENCES`, RL's gain over the cold start first), ``table.md``
     and ``training.png`` (held-out EM by step beside the training reward); with ``--record DIR``,
     ``summary.json`` and the run's ``metrics.jsonl`` are copied to ``DIR``.
 
@@ -52,11 +53,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.common.real_model_report import format_outcomes, format_table, plot_training, read_rows, step_differences
+from benchmarks.common.real_model_report import (
+    format_outcomes, format_table, paired_difference, plot_training, read_episodes, read_rows, step_differences,
+)
 from search_env.console import HelpFormatter
 from search_env.data.splits import HELD_OUT_SETS
 
-__all__ = ["BASELINES", "QUICK", "RECORD", "STAGES", "main", "train_command"]
+__all__ = ["BASELINES", "DIFFERENCES", "QUICK", "RECORD", "STAGES", "main", "train_command"]
 
 RECIPE = "agents/configs/real-smollm2.yaml"
 #: Where the committed record lives.
@@ -204,6 +207,39 @@ def _check_reproduction(run_dir: Path, record: Path) -> int:
     return 1 if differences or not run else 0
 
 
+#: The paired differences the report measures: (what it says, the system, the one it is compared with), by role
+#: or, for a baseline, by name.
+DIFFERENCES = (("RL over the cold start", "trained", "cold-start"), ("trained over direct", "trained", "direct"),
+               ("trained over its empty source", "trained", "trained-empty-source"),
+               ("cold start over direct", "cold-start", "direct"))
+
+
+def _differences(out: Path, systems: dict[str, list[tuple[str, str, str]]], sets: list[str]) -> list[dict[str, Any]]:
+    """:data:`DIFFERENCES` whose two systems have finished playing every set."""
+    played = {}
+    for part, part_systems in systems.items():
+        path = out / "eval" / part / "episodes.jsonl"
+        episodes = read_episodes(path) if path.is_file() else []
+        for name, role, agent in part_systems:
+            played[name if role == "baseline" else role] = (episodes, agent)
+    measured = []
+    for name, a, b in DIFFERENCES:
+        if a in played and b in played:
+            try:
+                gain = paired_difference(*played[a], *played[b], sets)
+            except ValueError:  # one of them has not played every set yet
+                continue
+            measured.append({"name": name, "system": a, "against": b, "avg_em": gain["mean"],
+                             "ci_low": gain["ci_low"], "ci_high": gain["ci_high"]})
+    return measured
+
+
+def _format_differences(differences: list[dict[str, Any]]) -> str:
+    lines = ["| difference | avg EM [95% CI] |", "|---|---|"]
+    lines += [f"| {d['name']} | {d['avg_em']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] |" for d in differences]
+    return "\n".join(lines)
+
+
 def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, str, str]]], record: Path | None) -> None:
     sets = [f"{s}@held-out" for s in HELD_OUT_SETS]
     rows = []
@@ -211,11 +247,13 @@ def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, st
         episodes = out / "eval" / part / "episodes.jsonl"
         if episodes.is_file():
             rows += read_rows(episodes, systems[part], sets)
-    summary = {"command": command, "sets": sets, "rows": [row.as_record() for row in rows]}
+    differences = _differences(out, systems, sets)
+    summary = {"command": command, "sets": sets, "rows": [row.as_record() for row in rows], "differences": differences}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     parts = [("EM", format_table(rows, sets, "em", intervals=True)), ("F1", format_table(rows, sets, "f1", intervals=True)),
              ("cover-EM", format_table(rows, sets, "cover_em", intervals=True)),
-             ("Where the episodes ended (shares of each system's episodes)", format_outcomes(rows))]
+             ("Where the episodes ended (shares of each system's episodes)", format_outcomes(rows)),
+             ("Paired differences (the same questions; seven-set average EM)", _format_differences(differences))]
     table = "\n\n".join(f"{title}:\n\n{part}" for title, part in parts) if rows else "(no finished evaluation yet)"
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     metrics = out / "run" / "metrics.jsonl"

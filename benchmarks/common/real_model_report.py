@@ -24,7 +24,8 @@ from rewards.metrics import answer_in_text
 from search_env.protocols import get_protocol
 
 __all__ = ["METRICS", "OUTCOMES", "Row", "bootstrap_average", "episode_outcome", "format_outcomes", "format_table",
-           "host_key", "plot_training", "read_rows", "set_scores", "step_differences"]
+           "host_key", "paired_difference", "plot_training", "read_episodes", "read_rows", "set_scores",
+           "step_differences"]
 
 #: The answer metrics of the table, as the harness's episodes name them.
 METRICS = ("em", "f1", "cover_em")
@@ -128,11 +129,34 @@ def _set_intervals(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
     return intervals
 
 
+def read_episodes(episodes_file: Path) -> list[dict[str, Any]]:
+    """The harness's episodes (``episodes.jsonl``), one dict per line."""
+    return [json.loads(line) for line in episodes_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def paired_difference(a: Iterable[Mapping[str, Any]], a_agent: str, b: Iterable[Mapping[str, Any]], b_agent: str,
+                      sets: Sequence[str], metric: str = "em") -> dict[str, float]:
+    """The seven-set average of ``a_agent``'s ``metric`` minus ``b_agent``'s (episodes ``a`` and ``b``) on the
+    questions both played, with its 95% interval from the stratified bootstrap over questions. Paired: a
+    question's two scores are resampled together, so a gain is measured against the questions' own spread
+    rather than two rows' intervals side by side (which overlap for a gain the pairing still resolves).
+
+    Raises:
+        ValueError: a set where no question was played by both.
+    """
+    def by_question(episodes: Iterable[Mapping[str, Any]], agent: str) -> dict[tuple[str, str], float]:
+        return {(e["dataset"], e["example_id"]): float(e["metrics"][metric]) for e in episodes if e["agent"] == agent}
+
+    mine, theirs = by_question(a, a_agent), by_question(b, b_agent)
+    common = sorted(mine.keys() & theirs.keys())
+    return bootstrap_average([[mine[k] - theirs[k] for k in common if k[0] == s] for s in sets])
+
+
 def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets: Sequence[str]) -> list[Row]:
     """The table's rows for ``systems`` (``(name, role, agent spec)``) from one harness output's episodes, over
     ``sets`` (the harness's dataset names). A system without episodes of every set is left out.
     """
-    episodes = [json.loads(line) for line in episodes_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    episodes = read_episodes(episodes_file)
     rows = []
     for name, role, agent in systems:
         scores = set_scores(episodes, agent)

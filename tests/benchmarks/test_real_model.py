@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from benchmarks.common.real_model_report import (
-    OUTCOMES, bootstrap_average, episode_outcome, format_outcomes, format_table, host_key, read_rows, step_differences,
+    OUTCOMES, bootstrap_average, episode_outcome, format_outcomes, format_table, host_key, paired_difference, read_rows,
+    step_differences,
 )
 from search_env.data.splits import HELD_OUT_SETS
 
@@ -92,6 +93,22 @@ def test_rows_from_harness_episodes(tmp_path):
     assert format_outcomes(rows).splitlines()[0] == "| system | " + " | ".join(OUTCOMES) + " |"
 
 
+def test_a_paired_difference_resamples_each_question_s_two_scores_together():
+    def played(agent: str, ems: dict[tuple[str, str], float]) -> list[dict]:
+        return [{"dataset": s, "example_id": q, "agent": agent, "metrics": {"em": em}} for (s, q), em in ems.items()]
+
+    # nq: a right on q1 and q2, b right on q2 only -> differences 1, 0; popqa: both right on q3 -> 0; q9 only a played
+    a = played("a", {("nq", "q1"): 1.0, ("nq", "q2"): 1.0, ("popqa", "q3"): 1.0, ("popqa", "q9"): 1.0})
+    b = played("b", {("nq", "q1"): 0.0, ("nq", "q2"): 1.0, ("popqa", "q3"): 1.0})
+    gain = paired_difference(a, "a", b, "b", ["nq", "popqa"])
+    assert gain["mean"] == 0.25 and gain["ci_low"] == 0.0 and gain["ci_high"] == 0.5  # (0.5 + 0) / 2; nq resamples 0..1
+    # the same scores on every question: no difference and no spread, however wide each row's own interval is
+    ten = {("nq", f"q{i}"): float(i % 2) for i in range(10)}
+    assert paired_difference(played("a", ten), "a", played("b", ten), "b", ["nq"]) == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    with pytest.raises(ValueError, match="at least one question"):
+        paired_difference(a, "a", b, "b", ["nq", "hotpotqa"])
+
+
 def _metrics(tmp_path: Path, name: str, entries: list[dict]) -> Path:
     (tmp_path / name).mkdir()
     (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
@@ -138,6 +155,8 @@ def check_summary(summary: dict, metrics_lines: list[str]) -> None:
         assert row["ci_low"] <= row["avg_em"] <= row["ci_high"]
         assert row["searches_per_episode"] >= 0
         assert set(row["per_set"]) == {f"{s}@held-out" for s in HELD_OUT_SETS}
+    for difference in summary["differences"]:
+        assert -1 <= difference["ci_low"] <= difference["ci_high"] <= 1 and isinstance(difference["name"], str)
     assert metrics_lines and all("step" in json.loads(line) for line in metrics_lines)
 
 
@@ -163,6 +182,7 @@ def test_quick_runs_every_stage_and_resumes(tmp_path, shared_data, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     check_summary(summary, (record / "metrics.jsonl").read_text().splitlines())
     assert {row["role"] for row in summary["rows"]} == ROLES
+    assert [d["name"] for d in summary["differences"]] == [name for name, _, _ in real_model.DIFFERENCES]
     assert (out / "run" / "warm_start_policy" / "config.json").is_file() and (out / "training.png").is_file()
     empty = next(row for row in summary["rows"] if row["role"] == "trained-empty-source")
     assert all(s["searches"] >= 0 for s in empty["per_set"].values())
