@@ -243,12 +243,17 @@ def plot_training(metrics_file: Path, path: Path, *, title: str = "", rows: Sequ
     evals = [(r.get("step", 0), r["eval/greedy/em"], r.get("stage")) for r in records if "eval/greedy/em" in r]
     steps = [(r["step"], r["reward"]) for r in records if "reward" in r and "step" in r and "stage" not in r]
     last = max((step for step, _ in steps), default=0)
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plt.subplots(figsize=(8, 5.5))
     if steps:
-        axis.plot(*zip(*steps), color="tab:gray", alpha=0.7, label="training reward (per step)")
+        axis.plot(*zip(*steps), color="tab:gray", alpha=0.4, label="training reward (per step)")
+        rewards = [reward for _, reward in steps]
+        trailing = [float(np.mean(rewards[max(0, i - 9):i + 1])) for i in range(len(rewards))]
+        axis.plot([step for step, _ in steps], trailing, color="black", label="training reward (mean of the last 10 steps)")
     if evals:
         x = [step + (0.0 if stage != "warm start" else 0.001) for step, _, stage in evals]
-        axis.plot(x, [em for _, em, _ in evals], marker="o", color="tab:blue", label="held-out greedy EM (trainer's check)")
+        questions = next((int(r["eval/greedy/episodes"]) for r in records if "eval/greedy/episodes" in r), 0)
+        axis.plot(x, [em for _, em, _ in evals], marker="o", color="tab:blue",
+                  label=f"held-out greedy EM (the trainer's check, {questions} questions)")
     at = {"cold-start": (0, "tab:green", "s"), "trained": (last, "tab:red", "D"), "trained-empty-source": (last, "tab:purple", "v")}
     for row in rows:
         if row.role in at:
@@ -264,7 +269,7 @@ def plot_training(metrics_file: Path, path: Path, *, title: str = "", rows: Sequ
     axis.set_xlabel("RL step (0: before RL, after the cold start)")
     axis.set_ylabel("EM / reward")
     axis.set_ylim(bottom=0)
-    axis.legend(fontsize="small")
+    axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     axis.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -163,7 +163,9 @@ def check_summary(summary: dict, metrics_lines: list[str]) -> None:
 def test_the_committed_record_has_its_shape():
     if not (RECORD / "summary.json").is_file():
         pytest.skip(f"no record committed yet in {RECORD}: python -m benchmarks.real_model --record {RECORD.relative_to(REPO)}")
-    check_summary(json.loads((RECORD / "summary.json").read_text()), (RECORD / "metrics.jsonl").read_text().splitlines())
+    summary = json.loads((RECORD / "summary.json").read_text())
+    check_summary(summary, (RECORD / "metrics.jsonl").read_text().splitlines())
+    assert {row["role"] for row in summary["rows"]} == ROLES  # every row of the table was played
 
 
 @pytest.mark.slow
