@@ -168,6 +168,21 @@ def test_the_committed_record_has_its_shape():
     assert {row["role"] for row in summary["rows"]} == ROLES  # every row of the table was played
 
 
+def test_the_readme_quotes_the_committed_record():
+    """The README's real-model table and RL's paired gain are the record's numbers, so a new record without
+    a new README (or the reverse) fails here."""
+    if not (RECORD / "summary.json").is_file():
+        pytest.skip(f"no record committed yet in {RECORD}")
+    summary = json.loads((RECORD / "summary.json").read_text())
+    readme = (REPO / "README.rst").read_text(encoding="utf-8")
+    section = readme[readme.index("A pretrained model on real questions"):readme.index(".. real-model-gpu-start")]
+    for row in summary["rows"]:
+        assert f'{row["avg_em"]:.3f} [{row["ci_low"]:.3f}, {row["ci_high"]:.3f}]' in section, row["name"]
+        assert f'"{row["average"]["f1"]["mean"]:.3f}"' in section, row["name"]
+    rl = next(d for d in summary["differences"] if d["name"] == "RL over the cold start")
+    assert f"{rl['avg_em']:+.3f} [{rl['ci_low']:+.3f}, {rl['ci_high']:+.3f}]" in " ".join(section.split())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_quick_runs_every_stage_and_resumes(tmp_path, shared_data, monkeypatch):
