@@ -136,7 +136,7 @@ def read_episodes(episodes_file: Path) -> list[dict[str, Any]]:
 
 def paired_difference(a: Iterable[Mapping[str, Any]], a_agent: str, b: Iterable[Mapping[str, Any]], b_agent: str,
                       sets: Sequence[str], metric: str = "em") -> dict[str, float]:
-    """The seven-set average of ``a_agent``'s ``metric`` minus ``b_agent``'s (episodes ``a`` and ``b``) on the
+    """The average over ``sets`` of ``a_agent``'s ``metric`` minus ``b_agent``'s (episodes ``a`` and ``b``) on the
     questions both played, with its 95% interval from the stratified bootstrap over questions. Paired: a
     question's two scores are resampled together, so a gain is measured against the questions' own spread
     rather than two rows' intervals side by side (which overlap for a gain the pairing still resolves).
