@@ -39,7 +39,7 @@ alone; progress lines come from the harness and the trainer.
 
 ``--reproduces RUN_DIR`` checks a reproduction: the record's command (``summary.json``) run again, for example
 with ``--run.stop_after 3 --run.output_dir RUN_DIR``, must log every step it ran exactly as the record's
-``metrics.jsonl`` has it, host keys (times, rates, threads) aside. It prints each difference and exits 1 if
+``metrics.jsonl`` has it, the keys that measure the machine (times, rates, threads) aside. It prints each difference and exits 1 if
 there is one.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.common.real_model_report import (
-    format_outcomes, format_table, paired_difference, plot_training, read_episodes, read_rows, step_differences,
+    format_outcomes, format_table, paired_difference, plot_training, read_jsonl, read_rows, step_differences,
 )
 from search_env.console import HelpFormatter
 from search_env.data.splits import HELD_OUT_SETS
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--record", type=Path, default=None, metavar="DIR", help="copy summary.json and metrics.jsonl here")
     parser.add_argument("--reproduces", type=Path, default=None, metavar="RUN_DIR",
                         help="only compare RUN_DIR/metrics.jsonl with the record's (--record, default "
-                             f"{RECORD}), host keys aside; exit 1 on a difference")
+                             f"{RECORD}), the keys that measure the machine aside; exit 1 on a difference")
     args = parser.parse_args(argv)
     if args.reproduces is not None:
         raise SystemExit(_check_reproduction(args.reproduces, args.record or RECORD))
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise SystemExit(f"error: {path} does not exist")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def _check_reproduction(run_dir: Path, record: Path) -> int:
@@ -203,7 +203,7 @@ def _check_reproduction(run_dir: Path, record: Path) -> int:
         print(line)
     steps = sorted({entry.get("step", 0) for entry in run})
     span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
-    print(f"{span} of {run_dir}: {len(differences)} difference(s) from {record / 'metrics.jsonl'}, host keys aside")
+    print(f"{span} of {run_dir}: {len(differences)} difference(s) from {record / 'metrics.jsonl'}, machine keys aside")
     return 1 if differences or not run else 0
 
 
@@ -214,14 +214,11 @@ DIFFERENCES = (("RL over the cold start", "trained", "cold-start"), ("trained ov
                ("cold start over direct", "cold-start", "direct"))
 
 
-def _differences(out: Path, systems: dict[str, list[tuple[str, str, str]]], sets: list[str]) -> list[dict[str, Any]]:
-    """:data:`DIFFERENCES` whose two systems have finished playing every set."""
-    played = {}
-    for part, part_systems in systems.items():
-        path = out / "eval" / part / "episodes.jsonl"
-        episodes = read_episodes(path) if path.is_file() else []
-        for name, role, agent in part_systems:
-            played[name if role == "baseline" else role] = (episodes, agent)
+def _differences(episodes: dict[str, list[dict[str, Any]]], systems: dict[str, list[tuple[str, str, str]]],
+                 sets: list[str]) -> list[dict[str, Any]]:
+    """:data:`DIFFERENCES` whose two systems have finished playing every set (``episodes``: each part's)."""
+    played = {name if role == "baseline" else role: (episodes[part], agent)
+              for part, part_systems in systems.items() if part in episodes for name, role, agent in part_systems}
     measured = []
     for name, a, b in DIFFERENCES:
         if a in played and b in played:
@@ -242,12 +239,10 @@ def _format_differences(differences: list[dict[str, Any]]) -> str:
 
 def _report(out: Path, command: list[str], systems: dict[str, list[tuple[str, str, str]]], record: Path | None) -> None:
     sets = [f"{s}@held-out" for s in HELD_OUT_SETS]
-    rows = []
-    for part in ("baselines", "trained", "empty"):
-        episodes = out / "eval" / part / "episodes.jsonl"
-        if episodes.is_file():
-            rows += read_rows(episodes, systems[part], sets)
-    differences = _differences(out, systems, sets)
+    files = {part: out / "eval" / part / "episodes.jsonl" for part in ("baselines", "trained", "empty")}
+    episodes = {part: read_jsonl(path) for part, path in files.items() if path.is_file()}
+    rows = [row for part, played in episodes.items() for row in read_rows(played, systems[part], sets)]
+    differences = _differences(episodes, systems, sets)
     summary = {"command": command, "sets": sets, "rows": [row.as_record() for row in rows], "differences": differences}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     parts = [("EM", format_table(rows, sets, "em", intervals=True)), ("F1", format_table(rows, sets, "f1", intervals=True)),

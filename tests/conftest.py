@@ -24,9 +24,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
-MACHINE_KEYS = ("time/", "tokens_per_s", "warm_start/seconds", "warm_start/trained_tokens_per_s", "warm_start/threads")
-"""Prefixes of a run's logged keys that measure the machine (time, and the threads the warm start found
-free); everything else a run logs is a result of its steps, the same wherever it ran."""
 
 
 SLOW_TIMEOUT_S = 1200

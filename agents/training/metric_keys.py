@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["METRIC_KEYS", "MetricKey", "describe"]
+__all__ = ["MACHINE_KEYS", "METRIC_KEYS", "MetricKey", "describe", "measures_the_machine"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,17 @@ class MetricKey:
     pattern: str
     meaning: str
     unit: str
+
+
+#: Prefixes of the logged keys that measure the machine (times, rates, the threads the warm start found free):
+#: everything else a run logs is a result of its steps, the same wherever and however loaded it ran, so a
+#: reproduction compares all but these.
+MACHINE_KEYS = ("time/", "tokens_per_s", "warm_start/seconds", "warm_start/trained_tokens_per_s", "warm_start/threads")
+
+
+def measures_the_machine(key: str) -> bool:
+    """Whether a logged key is one of :data:`MACHINE_KEYS`."""
+    return key.startswith(MACHINE_KEYS)
 
 
 _EVAL = "Held-out evaluation ({decoding}: ``greedy`` or ``sampled`` decoding), logged at the start, every ``eval.every`` steps and at the end: "

@@ -20,12 +20,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from agents.training.metric_keys import measures_the_machine
 from rewards.metrics import answer_in_text
 from search_env.protocols import get_protocol
 
 __all__ = ["METRICS", "OUTCOMES", "Row", "bootstrap_average", "episode_outcome", "format_outcomes", "format_table",
-           "host_key", "paired_difference", "plot_training", "read_episodes", "read_rows", "set_scores",
-           "step_differences"]
+           "paired_difference", "plot_training", "read_jsonl", "read_rows", "set_scores", "step_differences"]
 
 #: The answer metrics of the table, as the harness's episodes name them.
 METRICS = ("em", "f1", "cover_em")
@@ -129,9 +129,9 @@ def _set_intervals(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
     return intervals
 
 
-def read_episodes(episodes_file: Path) -> list[dict[str, Any]]:
-    """The harness's episodes (``episodes.jsonl``), one dict per line."""
-    return [json.loads(line) for line in episodes_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file (the harness's ``episodes.jsonl``, a run's ``metrics.jsonl``), one dict per line."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def paired_difference(a: Iterable[Mapping[str, Any]], a_agent: str, b: Iterable[Mapping[str, Any]], b_agent: str,
@@ -152,11 +152,11 @@ def paired_difference(a: Iterable[Mapping[str, Any]], a_agent: str, b: Iterable[
     return bootstrap_average([[mine[k] - theirs[k] for k in common if k[0] == s] for s in sets])
 
 
-def read_rows(episodes_file: Path, systems: Sequence[tuple[str, str, str]], sets: Sequence[str]) -> list[Row]:
-    """The table's rows for ``systems`` (``(name, role, agent spec)``) from one harness output's episodes, over
-    ``sets`` (the harness's dataset names). A system without episodes of every set is left out.
+def read_rows(episodes: Sequence[Mapping[str, Any]], systems: Sequence[tuple[str, str, str]], sets: Sequence[str]) -> list[Row]:
+    """The table's rows for ``systems`` (``(name, role, agent spec)``) from one harness output's episodes
+    (:func:`read_jsonl` of its ``episodes.jsonl``), over ``sets`` (the harness's dataset names). A system
+    without episodes of every set is left out.
     """
-    episodes = read_episodes(episodes_file)
     rows = []
     for name, role, agent in systems:
         scores = set_scores(episodes, agent)
@@ -201,16 +201,11 @@ def format_outcomes(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def host_key(key: str) -> bool:
-    """Whether a training metric measures the host rather than the run (times, rates, threads granted): the
-    keys a reproduction on another machine or load may change, and :func:`step_differences` skips."""
-    return key.startswith("time/") or key.endswith(("tokens_per_s", "/seconds", "/threads"))
-
-
 def step_differences(record: Sequence[Mapping[str, Any]], run: Sequence[Mapping[str, Any]]) -> list[str]:
     """How ``run``'s ``metrics.jsonl`` records differ from the same records of ``record`` (a longer run of the
-    same command), host keys aside: one line per differing record or key, empty when every record of
-    ``run`` is in ``record`` exactly (values compared with ``==``: a reproduction is bit-exact or it is not).
+    same command), the keys that measure the machine aside (:data:`agents.training.metric_keys.MACHINE_KEYS`):
+    one line per differing record or key, empty when every record of ``run`` is in ``record`` exactly (values
+    compared with ``==``: a reproduction is bit-exact or it is not).
     """
     def key(entry: Mapping[str, Any]) -> tuple[Any, Any]:
         return entry.get("step"), entry.get("stage")
@@ -223,7 +218,7 @@ def step_differences(record: Sequence[Mapping[str, Any]], run: Sequence[Mapping[
             lines.append(f"step {key(entry)[0]} ({key(entry)[1] or 'update'}): not in the record")
             continue
         for name in sorted((set(entry) | set(theirs)) - {"step", "stage"}):
-            if not host_key(name) and entry.get(name) != theirs.get(name):
+            if not measures_the_machine(name) and entry.get(name) != theirs.get(name):
                 lines.append(f"step {key(entry)[0]} ({key(entry)[1] or 'update'}) {name}: "
                              f"{entry.get(name)!r} here, {theirs.get(name)!r} in the record")
     return lines
@@ -239,7 +234,7 @@ def plot_training(metrics_file: Path, path: Path, *, title: str = "", rows: Sequ
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = read_jsonl(metrics_file)
     evals = [(r.get("step", 0), r["eval/greedy/em"], r.get("stage")) for r in records if "eval/greedy/em" in r]
     steps = [(r["step"], r["reward"]) for r in records if "reward" in r and "step" in r and "stage" not in r]
     last = max((step for step, _ in steps), default=0)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MACHINE_KEYS, REPO_ROOT, skip_without
+from agents.training.metric_keys import MACHINE_KEYS
+from tests.conftest import REPO_ROOT, skip_without
 
 skip_without("agents", "torch", "transformers", "yaml", "jsonargparse", "matplotlib")
 from agents.learners import GRPOConfig, PPOConfig  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.training.metric_keys import METRIC_KEYS, describe
+from agents.training.metric_keys import METRIC_KEYS, describe, measures_the_machine
 from tests.agents.training.tiny import records, run, small_config
 
 
@@ -55,3 +55,10 @@ def test_entries_are_unique_and_complete():
     patterns = [entry.pattern for entry in METRIC_KEYS]
     assert len(patterns) == len(set(patterns))
     assert all(entry.meaning.endswith(".") and entry.unit for entry in METRIC_KEYS)
+
+
+def test_the_keys_that_measure_the_machine_are_the_times_rates_and_threads():
+    """A new time or rate key that MACHINE_KEYS misses would make a reproduction on another machine differ; a
+    result key it caught would hide a real difference."""
+    machine = {key.pattern for key in METRIC_KEYS if measures_the_machine(key.pattern)}
+    assert machine == {key.pattern for key in METRIC_KEYS if key.unit in ("s", "tokens/s")} | {"warm_start/threads"}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MACHINE_KEYS, REPO_ROOT, default_sigint_in_child, skip_without
+from agents.training.metric_keys import MACHINE_KEYS
+from tests.conftest import REPO_ROOT, default_sigint_in_child, skip_without
 
 skip_without("agents", "torch", "transformers", "jsonargparse", "matplotlib")
 import torch  # noqa: E402
