@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shlex
 import threading
@@ -118,6 +119,7 @@ class MCPSource(Source):
         self._closed = False
         self._ended: str | None = None  # why the connection ended on its own, once it has
         self._session: Any = None
+        self._starting: Any = None  # the start's cancel scope, on the loop, until the handshake is done
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"MCPSource-{name}", daemon=True)
         self._thread.start()
@@ -125,7 +127,7 @@ class MCPSource(Source):
         ready: Future[None] = Future()
         self._lifetime = self._submit(self._connect(ready, env, cwd))
         try:
-            ready.result(timeout=start_timeout_s)
+            ready.result(timeout=start_timeout_s + _CLOSE_TIMEOUT_S)  # the start's own deadline comes first
         except FutureTimeout:
             self.close()
             raise SourceError(f"source {name!r}: the MCP server {self._server} did not start within {start_timeout_s:g} s") from None
@@ -182,7 +184,7 @@ class MCPSource(Source):
         self._closed = True
         if not self._loop.is_closed():
             if self._session is None:  # still starting (close from __init__): stop waiting for the server
-                self._lifetime.cancel()
+                self._loop.call_soon_threadsafe(self._stop_starting)
             else:
                 self._loop.call_soon_threadsafe(self._stop.set)
             with contextlib.suppress(Exception):
@@ -194,6 +196,14 @@ class MCPSource(Source):
             if not self._thread.is_alive():
                 self._loop.close()
 
+    def _stop_starting(self) -> None:
+        """On the loop: end a start still in progress. Through the start's anyio cancel scope, which
+        cancels until the task has left it; a bare task cancel can be absorbed by the SDK's own scopes."""
+        if self._starting is not None:
+            self._starting.cancel()
+        else:  # the task has not run yet
+            self._lifetime.cancel()
+
     def _submit(self, coroutine: Any) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
@@ -204,20 +214,28 @@ class MCPSource(Source):
 
     async def _connect(self, ready: Future[None], env: Mapping[str, str] | None, cwd: str | os.PathLike[str] | None) -> None:
         """The connection's whole life, in one task (the SDK's contexts are entered and left in the same
-        task): open the transport and session, find the tool, say ready, wait for :meth:`close`."""
+        task): open the transport and session, find the tool, say ready, wait for :meth:`close`. The
+        start has ``start_timeout_s`` to finish, as an anyio deadline: it unwinds the SDK's contexts
+        (which stop a stdio server) before ``ready`` says the start timed out."""
+        import anyio
         from mcp import ClientSession
 
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                read, write = (await stack.enter_async_context(self._transport(env, cwd)))[:2]
-                session = await stack.enter_async_context(ClientSession(read, write))
-                await session.initialize()
-                tools = [tool.name for tool in (await session.list_tools()).tools]
-                if self.tool not in tools:
-                    raise SourceError(f"it has no tool {self.tool!r} (its tools: {', '.join(tools) or 'none'})")
-                self._session = session
-                ready.set_result(None)
-                await self._stop.wait()
+            with anyio.CancelScope(deadline=anyio.current_time() + self.start_timeout_s) as starting:
+                self._starting = starting
+                async with contextlib.AsyncExitStack() as stack:
+                    read, write = (await stack.enter_async_context(self._transport(env, cwd)))[:2]
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    await session.initialize()
+                    tools = [tool.name for tool in (await session.list_tools()).tools]
+                    if self.tool not in tools:
+                        raise SourceError(f"it has no tool {self.tool!r} (its tools: {', '.join(tools) or 'none'})")
+                    starting.deadline = math.inf
+                    self._session = session
+                    ready.set_result(None)
+                    await self._stop.wait()
+            if not ready.done():  # the start's deadline passed, or close() ended the start
+                ready.set_exception(FutureTimeout())
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else SourceError(_describe(exc)))
