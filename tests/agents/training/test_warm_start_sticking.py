@@ -4,8 +4,9 @@ The case: model seed 101 on training world 201 (held-out world 202) with the dem
 two heads of 64) and second-hop share 0.1, whose Llama warm start is known to stick: its copying of a name's
 second token never forms, and the demonstrations' loss stays near 0.2 to the end (``benchmarks/RESULTS.md``).
 The same warm start with biased queries and keys (the Qwen2-shaped tiny model the demo now uses) gets past it.
-Both run the first 900 of the recipe's 3,000 steps (same schedule) and are compared on the mean loss of
-steps 801-900: about 0.30 against 0.08 when this was written (0.26 against 0.06 at step 1,100). The two warm
+Both run the first 800 of the recipe's 3,000 steps (same schedule) and are compared on the mean loss of
+steps 701-800: 0.33 against 0.14 when this was written (0.30 against 0.09 at step 900, 0.26 against 0.06
+at step 1,100: the gap only widens, so the test stops at the first step where it is clear). The two warm
 starts run side by side in spawned processes of one thread each (each builds the same world from its seed):
 with a second core free that halves the test's wall time, and it changes no number.
 """
@@ -27,7 +28,7 @@ STUCK_CASE = ["model.tiny_hidden=64", "model.tiny_heads=2", "model.tiny_head_dim
               "warm_start.second_hop_rate=0.1", "warm_start.num_threads=1", "run.seed=101", "data.world_seed=201",
               "data.eval_world_seed=202", "eval.questions=1", "run.report_to=[]", "run.progress=false",
               "warm_start.save_every=100"]
-MEASURED_AT = 900
+MEASURED_AT = 800
 
 
 class _Measured(Exception):
@@ -65,5 +66,5 @@ def _loss_at_step(tmp_path, arch: str) -> float:
 def test_a_warm_start_that_sticks_with_llama_gets_past_it_with_biased_queries_and_keys(tmp_path):
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         stuck, remedied = pool.map(_loss_at_step, [tmp_path, tmp_path], ["llama", "qwen2"])
-    assert stuck > 0.2, f"the constructed case no longer sticks (loss {stuck:.3f} at step {MEASURED_AT})"
-    assert remedied < 0.12 and remedied < stuck / 2.5, (stuck, remedied)
+    assert stuck > 0.25, f"the constructed case no longer sticks (loss {stuck:.3f} at step {MEASURED_AT})"
+    assert remedied < 0.2 and remedied < stuck / 2, (stuck, remedied)
