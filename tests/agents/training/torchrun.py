@@ -2,6 +2,7 @@
 and the runs those tests compare."""
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import subprocess
@@ -36,18 +37,40 @@ def torchrun(ranks: int, *args: str, timeout: int = 600, python: str = sys.execu
     return done
 
 
+#: The one-process runs made so far in this test session, by their flags (:func:`_one_process_key`): the torch
+#: backend's run is deterministic, so the tests that compare several layouts with one setting share its run.
+_ONE_PROCESS_RUNS: dict[tuple[str, ...], dict] = {}
+
+
+def _one_process_key(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` without what a torch-backend run of ds_equivalence ignores or takes by default: ``--zero N``
+    (DeepSpeed's alone), ``--algo grpo`` and ``--critic head``."""
+    key, i = [], 0
+    while i < len(flags):
+        pair = tuple(flags[i:i + 2])
+        if flags[i] == "--zero" or pair in {("--algo", "grpo"), ("--critic", "head")}:
+            i += 2
+        else:
+            key.append(flags[i])
+            i += 1
+    return tuple(key)
+
+
 def equivalence_run(out: Path, backend: str, *flags: str) -> dict:
     """:mod:`tests.agents.training.ds_equivalence` with ``--backend BACKEND FLAGS...``: one process for
-    ``torch``, two ranks under ``torchrun`` for a data-parallel backend (``deepspeed``, ``fsdp``); returns what
-    rank 0 wrote to ``out``."""
+    ``torch`` (made once per setting in a test session, then a copy of that run), two ranks under ``torchrun``
+    for a data-parallel backend (``deepspeed``, ``fsdp``); returns what rank 0 wrote to ``out``."""
     import torch
 
     args = ["-m", "tests.agents.training.ds_equivalence", "--backend", backend, "--out", str(out), *flags]
     if backend == "torch":
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-4000:]
-    else:
-        torchrun(2, *args)
+        key = _one_process_key(flags)
+        if key not in _ONE_PROCESS_RUNS:
+            done = subprocess.run([sys.executable, *args], cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-4000:]
+            _ONE_PROCESS_RUNS[key] = torch.load(out)
+        return copy.deepcopy(_ONE_PROCESS_RUNS[key])
+    torchrun(2, *args)
     return torch.load(out)
 
 
