@@ -71,7 +71,7 @@ BASELINES = (("untrained (protocol)", "untrained", "hf:{model}"), ("direct", "ba
              ("CoT", "baseline", "cot:{model}"), ("naive RAG", "baseline", "naive-rag:{model}"),
              ("IRCoT", "baseline", "ircot:{model}"))
 #: What ``--quick`` changes in the recipe: every stage runs, on a few steps and questions.
-QUICK = {"warm_start.steps": 2, "warm_start.examples": 32, "warm_start.batch_size": 4, "warm_start.save_every": 1,
+QUICK = {"warm_start.steps": 2, "warm_start.examples": 32, "warm_start.batch_size": 2, "warm_start.save_every": 1,
          "run.steps": 1, "rollout.questions_per_step": 2, "algorithm.group_size": 2, "env.max_new_tokens": 16,
          "eval.questions": 0}
 #: Held-out questions per set of the table with ``--quick``.
