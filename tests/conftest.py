@@ -34,6 +34,14 @@ seconds); other tests get setup.cfg's ``timeout``."""
 _BUILD = pytest.StashKey["object"]()
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers where two cores are free to this process, else one. Most tests run one
+    thread, so a second worker uses the core they leave idle; more workers would stack the two-rank runs
+    (two processes each) and the real-model tests' memory on each other."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         import torch
