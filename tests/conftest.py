@@ -1,5 +1,6 @@
 """Test-wide settings: offline hub, one torch thread (two threads on two busy cores is far slower),
-the slow marker and a per-test time limit (setup.cfg), and skipping what an install lacks."""
+the slow marker and a per-test time limit (setup.cfg), at most two workers and the order files reach
+them in, and skipping what an install lacks."""
 import os
 
 # One thread in every OpenMP/BLAS runtime too (torch's, faiss's, numpy's BLAS), set before any of them
