@@ -45,7 +45,7 @@ EXTRAS = {
     "docs": ["sphinx>=7", "myst-parser>=3", "furo>=2024.1"],
     # ruff: the conventions ruff.toml sets, checked by tests/test_conventions.py (0.6 is the oldest release
     # the checks were run with; it and 0.17 report the same).
-    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "ruff>=0.6"],
+    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "pytest-xdist>=3.8", "ruff>=0.6"],
 }
 # deepspeed is in "all" so that CI runs the multi-rank tests (it builds its CPU ops on first use, ~30 s).
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name not in ("vllm", "gem", "verl") for req in reqs})

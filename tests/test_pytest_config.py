@@ -28,7 +28,7 @@ def test_the_suite_runs_in_at_most_two_workers_each_taking_whole_files(request: 
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.conftest import pytest_xdist_auto_num_workers
 
-    assert "-n auto --dist loadfile" in " ".join(request.config.getini("addopts"))
+    assert "-n auto --dist loadfile --no-loadscope-reorder" in " ".join(request.config.getini("addopts"))
     for cores, workers in ((range(16), 2), (range(2), 2), (range(1), 1)):
         monkeypatch.setattr("os.sched_getaffinity", lambda pid, cores=cores: set(cores), raising=False)
         assert pytest_xdist_auto_num_workers(request.config) == workers
