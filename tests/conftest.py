@@ -1,6 +1,6 @@
 """Test-wide settings: offline hub, one torch thread (two threads on two busy cores is far slower),
-the slow marker and a per-test time limit (setup.cfg), at most two workers and the order files reach
-them in, and skipping what an install lacks."""
+the slow marker and a per-test time limit (setup.cfg), at most two workers, and skipping what an install
+lacks."""
 import os
 
 # One thread in every OpenMP/BLAS runtime too (torch's, faiss's, numpy's BLAS), set before any of them
@@ -52,25 +52,17 @@ def pytest_configure(config: pytest.Config) -> None:
         pass
 
 
-def slow_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """``items`` with the modules that hold a test marked slow first, each part in its order (a module moves
-    whole): with two workers taking whole files, the long files start early and the short ones fill the gaps
-    at the end, instead of one long file running alone after the other worker has finished."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow") is not None}
-    return sorted(items, key=lambda item: item.nodeid.split("::")[0] not in slow)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A time limit for slow tests; the modules with slow tests first (:func:`slow_modules_first`); and the
-    modules that need a side virtualenv last, in their order, so that on a fresh machine its background build
-    (:mod:`tests.side_venvs`) overlaps the other tests instead of being waited for by the first of them (a
-    module moves whole: its fixtures are set up once)."""
+    """A time limit for slow tests; and the modules that need a side virtualenv last, in their order, so
+    that on a fresh machine its background build (:mod:`tests.side_venvs`) overlaps the other tests
+    instead of being waited for by the first of them (a module moves whole: its fixtures are set up once;
+    with workers, xdist orders the files its own way)."""
     from tests.side_venvs import side_venv_modules_last
 
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
-    items[:] = side_venv_modules_last(slow_modules_first(items))
+    items[:] = side_venv_modules_last(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
